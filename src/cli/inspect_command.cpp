@@ -1,0 +1,97 @@
+// `diffpipe inspect`: what a model folder holds, from safetensors headers only (no weights are read).
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "cli/command.h"
+#include "cli/format.h"
+#include "core/json_file.h"
+#include "io/model_folder.h"
+#include "io/weight_index.h"
+
+namespace dp::cli {
+namespace {
+
+struct ModuleSummary {
+  uint64_t tensors = 0;
+  uint64_t parameters = 0;
+  uint64_t bytes = 0;
+  std::set<std::string> dtypes;
+};
+
+std::string join(const std::set<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
+void run_inspect(const std::string& model_dir, bool as_json) {
+  const auto folder = io::ModelFolder::open(model_dir);
+  nlohmann::json report = {{"model", model_dir}, {"components", nlohmann::json::array()}};
+  for (const auto& component : folder.components()) {
+    nlohmann::json entry = {{"name", component.name}, {"class", component.class_name}, {"library", component.library}};
+    if (!component.has_weights) {
+      entry["modules"] = nlohmann::json::array();
+      report["components"].push_back(entry);
+      continue;
+    }
+    const auto weights = io::WeightIndex::open_dir(component.path);
+    std::map<std::string, ModuleSummary> modules;  // keyed by top-level module name
+    ModuleSummary total;
+    for (const auto& name : weights.names()) {
+      const auto& info = weights.info(name);
+      const std::string top = name.substr(0, name.find('.'));
+      for (ModuleSummary* s : {&modules[top], &total}) {
+        s->tensors += 1;
+        s->parameters += info.numel();
+        s->bytes += info.nbytes();
+        s->dtypes.insert(std::string(io::dtype_name(info.dtype)));
+      }
+    }
+    entry["parameters"] = total.parameters;
+    entry["bytes"] = total.bytes;
+    entry["dtypes"] = total.dtypes;
+    entry["modules"] = nlohmann::json::array();
+    for (const auto& [name, s] : modules) {
+      entry["modules"].push_back(
+          {{"module", name}, {"tensors", s.tensors}, {"parameters", s.parameters}, {"bytes", s.bytes}, {"dtypes", s.dtypes}});
+    }
+    report["components"].push_back(entry);
+  }
+  if (as_json) {
+    std::cout << report.dump(2) << "\n";
+    return;
+  }
+  std::cout << "model: " << model_dir << "\n";
+  for (const auto& c : report["components"]) {
+    std::cout << "\n" << c["name"].get<std::string>() << " (" << c["class"].get<std::string>() << ")";
+    if (!c.contains("parameters")) {
+      std::cout << ": no weights\n";
+      continue;
+    }
+    std::cout << ": " << human_count(c["parameters"].get<uint64_t>()) << " parameters, "
+              << human_bytes(c["bytes"].get<uint64_t>()) << ", " << join(c["dtypes"].get<std::set<std::string>>())
+              << "\n";
+    std::cout << "  " << std::left << std::setw(34) << "module" << std::right << std::setw(9) << "tensors"
+              << std::setw(16) << "parameters" << std::setw(16) << "bytes" << "  dtypes\n";
+    for (const auto& m : c["modules"]) {
+      std::cout << "  " << std::left << std::setw(34) << m["module"].get<std::string>() << std::right << std::setw(9)
+                << m["tensors"].get<uint64_t>() << std::setw(16) << m["parameters"].get<uint64_t>() << std::setw(16)
+                << m["bytes"].get<uint64_t>() << "  " << join(m["dtypes"].get<std::set<std::string>>()) << "\n";
+    }
+  }
+}
+
+CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
+  auto* cmd = root.add_subcommand("inspect", "List components, parameter counts, dtypes and bytes per top-level "
+                                             "module, from safetensors headers only");
+  auto model = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  cmd->add_option("--model", *model, "diffusers model folder (or one component folder)")->required();
+  cmd->add_flag("--json", *as_json, "print one JSON object instead of tables");
+  cmd->callback([model, as_json] { run_inspect(*model, *as_json); });
+});
+
+}  // namespace
+}  // namespace dp::cli

@@ -1,0 +1,25 @@
+#pragma once
+// Turning validated safetensors entries into LibTorch tensors.
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "io/safetensors.h"
+#include "io/weight_index.h"
+
+namespace dp::io {
+
+at::ScalarType to_scalar_type(DType dtype);
+// Parses "fp32" | "bf16" | "fp16" (also "float32", "bfloat16", "float16"); throws naming the value.
+at::ScalarType parse_run_dtype(const std::string& name);
+std::string run_dtype_name(at::ScalarType dtype);
+
+// A tensor viewing the mapped bytes when they are aligned for the element type (the file stays mapped
+// while the tensor lives), otherwise a copy. No dtype conversion.
+at::Tensor tensor_view(const std::shared_ptr<SafetensorsFile>& file, const TensorInfo& info);
+
+// Loads `name` converted to `dtype` on `device`. Zero-copy when no conversion or transfer is needed.
+at::Tensor load_tensor(const WeightIndex& weights, const std::string& name, at::ScalarType dtype,
+                       const at::Device& device = at::kCPU);
+
+}  // namespace dp::io
