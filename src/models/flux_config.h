@@ -1,0 +1,48 @@
+#pragma once
+// FluxTransformer2DModel's config.json, every field diffusers reads, and the parameter list it implies.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dp::models {
+
+struct FluxConfig {
+  int64_t patch_size = 1;
+  int64_t in_channels = 64;
+  int64_t out_channels = 0;  // 0 in config (null) means in_channels
+  int64_t num_layers = 19;
+  int64_t num_single_layers = 38;
+  int64_t attention_head_dim = 128;
+  int64_t num_attention_heads = 24;
+  int64_t joint_attention_dim = 4096;
+  int64_t pooled_projection_dim = 768;
+  bool guidance_embeds = true;
+  std::vector<int64_t> axes_dims_rope = {16, 56, 56};
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  int64_t output_channels() const { return out_channels > 0 ? out_channels : in_channels; }
+  int64_t mlp_hidden_dim() const { return inner_dim() * 4; }
+  int64_t num_blocks() const { return num_layers + num_single_layers; }
+
+  // Parses and validates; `source` names the file in errors.
+  static FluxConfig from_json(const nlohmann::json& config, const std::string& source);
+  nlohmann::json to_json() const;  // as diffusers writes config.json
+  static FluxConfig flux_dev();    // FLUX.1-dev's published architecture
+};
+
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Every parameter of the model in diffusers' registration order (the order accelerate walks modules):
+// time_text_embed, context_embedder, x_embedder, transformer_blocks, single_transformer_blocks, norm_out,
+// proj_out; within a module, its own parameters in nn.Module order.
+std::vector<ParameterShape> flux_parameter_shapes(const FluxConfig& config);
+
+// The top-level module names in registration order, pos_embed (no parameters) included.
+std::vector<std::string> flux_top_level_modules();
+
+}  // namespace dp::models
