@@ -103,7 +103,7 @@ std::vector<ParameterShape> flux_parameter_shapes(const FluxConfig& c) {
   add_linear(out, "time_text_embed.text_embedder.linear_1", c.pooled_projection_dim, dim);
   add_linear(out, "time_text_embed.text_embedder.linear_2", dim, dim);
   add_linear(out, "context_embedder", c.joint_attention_dim, dim);
-  add_linear(out, "x_embedder", c.in_channels * c.patch_size * c.patch_size, dim);
+  add_linear(out, "x_embedder", c.in_channels, dim);  // patch_size scales only proj_out
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i);
     add_linear(out, p + ".norm1.linear", dim, 6 * dim);

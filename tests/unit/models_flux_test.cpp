@@ -1,0 +1,214 @@
+// FluxTransformer against diffusers (the oracle in tests/reference/cases_flux.py), and the property the
+// pipeline runtime stands on: any split of the blocks across instances gives the same output as no split.
+#include <gtest/gtest.h>
+
+#include <c10/core/InferenceMode.h>
+
+#include <cstring>
+#include <iostream>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/json_file.h"
+#include "io/safetensors_writer.h"
+#include "io/torch_tensors.h"
+#include "models/flux_transformer.h"
+#include "test_support.h"
+
+namespace dp::models {
+namespace {
+
+const std::vector<std::string> kCases = {"guidance_nonsquare", "no_guidance_batch2", "dev_like"};
+
+struct OracleCase {
+  std::string transformer_dir;
+  FluxInputs inputs;
+  at::Tensor expected_fp32, expected_bf16;
+};
+
+OracleCase load_case(const std::string& name) {
+  const std::string dir = dp::test::reference_dir() + "/flux/" + name;
+  auto file = io::SafetensorsFile::open(dir + "/io.safetensors");
+  auto get = [&](const std::string& key) -> at::Tensor {
+    const auto* info = file->find(key);
+    return info == nullptr ? at::Tensor() : io::tensor_view(file, *info).clone();
+  };
+  OracleCase c;
+  c.transformer_dir = dir + "/transformer";
+  c.inputs.hidden_states = get("input.hidden_states");
+  c.inputs.encoder_hidden_states = get("input.encoder_hidden_states");
+  c.inputs.pooled_projections = get("input.pooled_projections");
+  c.inputs.timestep = get("input.timestep");
+  c.inputs.img_ids = get("input.img_ids");
+  c.inputs.txt_ids = get("input.txt_ids");
+  c.inputs.guidance = get("input.guidance");
+  c.expected_fp32 = get("output.fp32");
+  c.expected_bf16 = get("output.bf16");
+  return c;
+}
+
+FluxInputs cast_inputs(const FluxInputs& in, at::ScalarType dtype) {
+  FluxInputs out = in;
+  out.hidden_states = in.hidden_states.to(dtype);
+  out.encoder_hidden_states = in.encoder_hidden_states.to(dtype);
+  out.pooled_projections = in.pooled_projections.to(dtype);
+  return out;
+}
+
+double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
+  const double scale = expected.abs().max().item<double>();
+  return (actual.to(at::kFloat) - expected).abs().max().item<double>() / scale;
+}
+
+class FluxOracle : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FluxOracle, Fp32MatchesDiffusers) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const auto model = FluxTransformer::load(c.transformer_dir, at::kFloat, at::kCPU);
+  const at::Tensor out = model.forward(c.inputs);
+  ASSERT_EQ(out.sizes(), c.expected_fp32.sizes());
+  const double err = relative_error(out, c.expected_fp32);
+  RecordProperty("fp32_relative_error", std::to_string(err));
+  // Same ops in the same order on the same ATen: only threading and summation order can differ.
+  EXPECT_LE(err, 1e-4) << GetParam();
+  std::cout << GetParam() << ": fp32 relative error vs diffusers " << err << "\n";
+}
+
+TEST_P(FluxOracle, Bf16MatchesDiffusers) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const auto model = FluxTransformer::load(c.transformer_dir, at::kBFloat16, at::kCPU);
+  const at::Tensor out = model.forward(cast_inputs(c.inputs, at::kBFloat16));
+  ASSERT_EQ(out.scalar_type(), at::kBFloat16);
+  const double err = relative_error(out, c.expected_bf16);
+  // bf16 keeps 8 mantissa bits (epsilon 2^-8 = 0.0039 relative per rounding). The output passes through
+  // dozens of rounded ops, so a differing reduction order can move an element by a few ulps of the output
+  // scale. Measured: about one ulp (0.004-0.005); 1.6e-2 allows four ulps and still catches any real
+  // numerical mistake, which shows up as O(1) error.
+  EXPECT_LE(err, 1.6e-2) << GetParam();
+  std::cout << GetParam() << ": bf16 relative error vs diffusers bf16 " << err << "\n";
+}
+
+TEST_P(FluxOracle, Fp16RunsAndTracksFp32) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const auto model = FluxTransformer::load(c.transformer_dir, at::kHalf, at::kCPU);
+  const at::Tensor out = model.forward(cast_inputs(c.inputs, at::kHalf));
+  ASSERT_EQ(out.scalar_type(), at::kHalf);
+  // fp16 has 11 mantissa bits but the timestep is rounded to fp16 before embedding, so compare loosely.
+  EXPECT_LE(relative_error(out, c.expected_fp32), 5e-2) << GetParam();
+}
+
+// Runs the model as a chain of stage instances, each loaded with only its own parts.
+at::Tensor run_split(const std::string& dir, const FluxInputs& inputs, const std::vector<int64_t>& cuts) {
+  const std::string config_path = dir + "/config.json";
+  const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
+  std::vector<int64_t> bounds = {0};
+  bounds.insert(bounds.end(), cuts.begin(), cuts.end());
+  bounds.push_back(config.num_blocks());
+  FluxActivations state;
+  flux::RotaryTables rope;
+  at::Tensor out;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    FluxParts parts{s == 0, bounds[s], bounds[s + 1], s + 2 == bounds.size()};
+    const auto stage = FluxTransformer::load(weights, config, at::kFloat, at::kCPU, parts);
+    if (parts.embedders) state = stage.embed(inputs);
+    rope = stage.rotary(inputs.txt_ids, inputs.img_ids);  // every rank recomputes its own tables
+    stage.run_blocks(state, rope, bounds[s], bounds[s + 1]);
+    if (parts.head) out = stage.head(state);
+  }
+  return out;
+}
+
+TEST_P(FluxOracle, AnySplitEqualsNoSplit) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const auto whole = FluxTransformer::load(c.transformer_dir, at::kFloat, at::kCPU).forward(c.inputs);
+  const int64_t blocks =
+      FluxTransformer::load(c.transformer_dir, at::kFloat, at::kCPU, FluxParts{false, 0, 0, false}).config().num_blocks();
+  // Every single cut point (including the double/single boundary and empty stages at both ends).
+  for (int64_t cut = 0; cut <= blocks; ++cut) {
+    EXPECT_TRUE(at::equal(run_split(c.transformer_dir, c.inputs, {cut}), whole)) << GetParam() << " cut " << cut;
+  }
+  // A stage per block.
+  std::vector<int64_t> every;
+  for (int64_t b = 1; b < blocks; ++b) every.push_back(b);
+  EXPECT_TRUE(at::equal(run_split(c.transformer_dir, c.inputs, every), whole)) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracle, ::testing::ValuesIn(kCases));
+
+TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {
+  c10::InferenceMode guard;
+  // A checkpoint holding only transformer_blocks.1: a stage owning block 1 must load from it, proving it
+  // neither reads nor allocates anything else.
+  const std::string source = dp::test::reference_dir() + "/flux/dev_like/transformer";
+  const auto full = io::WeightIndex::open_dir(source);
+  const auto dir = dp::test::temp_dir("flux-partial");
+  std::filesystem::copy_file(source + "/config.json", dir + "/config.json");
+  io::SafetensorsWriter writer;
+  std::vector<std::string> names;
+  for (const auto& name : full.names()) {
+    if (name.rfind("transformer_blocks.1.", 0) != 0) continue;
+    writer.add(name, full.info(name).dtype, full.info(name).shape);
+    names.push_back(name);
+  }
+  writer.write(dir + "/diffusion_pytorch_model.safetensors", [&](std::size_t i, void* out, uint64_t n) {
+    std::memcpy(out, full.mapped_file(names[i])->data(full.info(names[i])), n);
+  });
+  const auto stage = FluxTransformer::load(dir, at::kFloat, at::kCPU, FluxParts::blocks(1, 2));
+  EXPECT_THROW(FluxTransformer::load(dir, at::kFloat, at::kCPU, FluxParts::blocks(1, 3)), dp::Error);
+  EXPECT_THROW(stage.embed_text(at::zeros({1, 2, 48})), dp::Error);
+  FluxActivations state{at::zeros({1, 4, 64}), at::zeros({1, 2, 64}), at::zeros({1, 64})};
+  const auto rope = stage.rotary(at::zeros({2, 3}), at::zeros({4, 3}));
+  EXPECT_THROW(stage.run_blocks(state, rope, 0, 2), dp::Error);
+  stage.run_blocks(state, rope, 1, 2);
+  EXPECT_EQ(state.image.sizes(), (std::vector<int64_t>{1, 4, 64}));
+}
+
+TEST(FluxTransformer, ConfigAndShapeErrorsNameTheCulprit) {
+  const std::string source = dp::test::reference_dir() + "/flux/dev_like/transformer";
+  auto config_json = read_json_file(source + "/config.json");
+  auto expect_error = [](const std::function<void()>& fn, const std::string& part) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning " << part;
+    } catch (const dp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  auto bad = config_json;
+  bad["axes_dims_rope"] = {4, 14, 12};
+  expect_error([&] { FluxConfig::from_json(bad, "cfg.json"); }, "axes_dims_rope sums to 30");
+  bad = config_json;
+  bad["num_attention_heads"] = "two";
+  expect_error([&] { FluxConfig::from_json(bad, "cfg.json"); }, "'num_attention_heads'");
+  // A config that disagrees with the weights: the error names the tensor and both shapes.
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(source));
+  auto wrong = FluxConfig::from_json(config_json, "cfg.json");
+  wrong.joint_attention_dim = 50;
+  expect_error([&] { FluxTransformer::load(weights, wrong, at::kFloat, at::kCPU); }, "context_embedder.weight");
+  expect_error([&] { FluxTransformer::load(weights, FluxConfig::from_json(config_json, "c"), at::kFloat, at::kCPU,
+                                           FluxParts{false, 3, 99, false}); },
+               "outside the model's 7 blocks");
+}
+
+TEST(FluxTransformer, ParameterListMatchesCheckpoint) {
+  // flux_parameter_shapes drives planning and make-random; it must name exactly the checkpoint's tensors.
+  for (const auto& name : kCases) {
+    const std::string dir = dp::test::reference_dir() + "/flux/" + name + "/transformer";
+    const auto weights = io::WeightIndex::open_dir(dir);
+    const auto config = FluxConfig::from_json(read_json_file(dir + "/config.json"), dir);
+    const auto shapes = flux_parameter_shapes(config);
+    EXPECT_EQ(shapes.size(), weights.size()) << name;
+    for (const auto& p : shapes) {
+      ASSERT_TRUE(weights.contains(p.name)) << name << ": " << p.name;
+      EXPECT_EQ(weights.info(p.name).shape, p.shape) << p.name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dp::models
