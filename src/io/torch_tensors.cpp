@@ -67,3 +67,35 @@ at::Tensor load_tensor(const WeightIndex& weights, const std::string& name, at::
 }
 
 }  // namespace dp::io
+
+#include "io/safetensors_writer.h"
+
+namespace dp::io {
+
+DType to_safetensors_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return DType::F64;
+    case at::kFloat: return DType::F32;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    case at::kLong: return DType::I64;
+    case at::kInt: return DType::I32;
+    case at::kShort: return DType::I16;
+    case at::kChar: return DType::I8;
+    case at::kByte: return DType::U8;
+    case at::kBool: return DType::BOOL;
+    default: DP_FAIL("cannot store tensors of dtype ", c10::toString(dtype), " in safetensors");
+  }
+}
+
+void save_tensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors) {
+  SafetensorsWriter writer;
+  std::vector<at::Tensor> contiguous;
+  for (const auto& [name, tensor] : tensors) {
+    contiguous.push_back(tensor.detach().to(at::kCPU).contiguous());
+    writer.add(name, to_safetensors_dtype(tensor.scalar_type()), contiguous.back().sizes().vec());
+  }
+  writer.write(path, [&](std::size_t i, void* out, uint64_t n) { std::memcpy(out, contiguous[i].data_ptr(), n); });
+}
+
+}  // namespace dp::io

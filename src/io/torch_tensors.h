@@ -2,6 +2,7 @@
 // Turning validated safetensors entries into LibTorch tensors.
 #include <ATen/ATen.h>
 
+#include <map>
 #include <string>
 
 #include "io/safetensors.h"
@@ -22,4 +23,10 @@ at::Tensor tensor_view(const std::shared_ptr<SafetensorsFile>& file, const Tenso
 at::Tensor load_tensor(const WeightIndex& weights, const std::string& name, at::ScalarType dtype,
                        const at::Device& device = at::kCPU);
 
+}  // namespace dp::io
+
+namespace dp::io {
+// Writes CPU copies of `tensors` to a safetensors file (name order), atomically.
+void save_tensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors);
+DType to_safetensors_dtype(at::ScalarType dtype);
 }  // namespace dp::io

@@ -1,0 +1,190 @@
+// `diffpipe forward`: one or more transformer forwards on seeded random inputs, optionally split into
+// stages in one process exactly as ranks would split it. The demo and the CPU benchmark use it.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/json_file.h"
+#include "core/log.h"
+#include "io/torch_tensors.h"
+#include "models/flux_transformer.h"
+#include "pipeline/latent_layout.h"
+
+namespace dp::cli {
+namespace {
+
+struct ForwardOptions {
+  std::string model;
+  int64_t height = 256, width = 256, text_len = 32, batch = 1;
+  std::string dtype = "fp32", device = "cpu", stages, inputs, save;
+  int repeat = 3, warmup = 1, threads = 0;
+  uint64_t seed = 0;
+  double guidance = 3.5, timestep = 0.75;
+};
+
+std::string transformer_dir(const std::string& model) {
+  const auto sub = std::filesystem::path(model) / "transformer";
+  return std::filesystem::is_directory(sub) ? sub.string() : model;
+}
+
+// "0:3,3:7" -> {0, 3, 7}; stages must tile [0, blocks).
+std::vector<int64_t> parse_stages(const std::string& spec, int64_t blocks) {
+  if (spec.empty()) return {0, blocks};
+  std::vector<int64_t> bounds;
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto colon = item.find(':');
+    DP_CHECK(colon != std::string::npos, "--stages: '", item, "' is not FIRST:LAST");
+    int64_t first = 0, last = 0;
+    try {
+      first = std::stoll(item.substr(0, colon));
+      last = std::stoll(item.substr(colon + 1));
+    } catch (const std::exception&) {
+      DP_FAIL("--stages: '", item, "' is not FIRST:LAST with integers");
+    }
+    DP_CHECK(bounds.empty() ? first == 0 : first == bounds.back(), "--stages: '", item,
+             "' must start where the previous stage ended (", bounds.empty() ? 0 : bounds.back(), ")");
+    DP_CHECK(last > first, "--stages: '", item, "' is empty");
+    if (bounds.empty()) bounds.push_back(first);
+    bounds.push_back(last);
+  }
+  DP_CHECK(!bounds.empty() && bounds.back() == blocks, "--stages must end at block ", blocks, ", the model's last");
+  return bounds;
+}
+
+models::FluxInputs make_inputs(const ForwardOptions& o, const models::FluxConfig& config) {
+  if (!o.inputs.empty()) {
+    auto file = io::SafetensorsFile::open(o.inputs);
+    auto get = [&](const std::string& key) {
+      const auto* info = file->find("input." + key);
+      return info ? io::tensor_view(file, *info).clone() : at::Tensor();
+    };
+    return {get("hidden_states"), get("encoder_hidden_states"), get("pooled_projections"), get("timestep"),
+            get("img_ids"),       get("txt_ids"),               get("guidance")};
+  }
+  const auto grid = pipeline::latent_grid(o.height, o.width);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  models::FluxInputs in;
+  in.hidden_states = at::randn({o.batch, grid.tokens(), config.in_channels}, gen);
+  in.encoder_hidden_states = at::randn({o.batch, o.text_len, config.joint_attention_dim}, gen);
+  in.pooled_projections = at::randn({o.batch, config.pooled_projection_dim}, gen);
+  in.timestep = at::full({o.batch}, o.timestep);
+  in.img_ids = pipeline::latent_image_ids(grid);
+  in.txt_ids = at::zeros({o.text_len, 3});
+  if (config.guidance_embeds) in.guidance = at::full({o.batch}, o.guidance);
+  return in;
+}
+
+void run_forward(const ForwardOptions& o) {
+  c10::InferenceMode guard;
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  const at::ScalarType dtype = io::parse_run_dtype(o.dtype);
+  DP_CHECK(o.device == "cpu" || o.device == "cuda", "--device: expected cpu or cuda, got '", o.device, "'");
+  const at::Device device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  const std::string dir = transformer_dir(o.model);
+  const std::string config_path = dir + "/config.json";
+  DP_CHECK(std::filesystem::exists(config_path), o.model, ": no transformer config (looked for ", config_path, ")");
+  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+  const auto bounds = parse_stages(o.stages, config.num_blocks());
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
+
+  auto load_started = std::chrono::steady_clock::now();
+  std::vector<models::FluxTransformer> stages;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    models::FluxParts parts{s == 0, bounds[s], bounds[s + 1], s + 2 == bounds.size()};
+    stages.push_back(models::FluxTransformer::load(weights, config, dtype, device, parts));
+  }
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_started).count();
+  models::FluxInputs inputs = make_inputs(o, config);
+  auto to_run = [&](const at::Tensor& t) { return t.defined() ? t.to(device, dtype) : t; };
+  models::FluxInputs run_in = inputs;
+  run_in.hidden_states = to_run(inputs.hidden_states);
+  run_in.encoder_hidden_states = to_run(inputs.encoder_hidden_states);
+  run_in.pooled_projections = to_run(inputs.pooled_projections);
+  std::cerr << "transformer " << dir << ": " << config.num_layers << " double + " << config.num_single_layers
+            << " single blocks, hidden " << config.inner_dim() << ", " << o.dtype << " on " << o.device << ", "
+            << at::get_num_threads() << " threads; loaded in " << std::fixed << std::setprecision(1) << load_ms
+            << " ms\n";
+  std::cerr << "inputs: batch " << inputs.hidden_states.size(0) << ", " << inputs.hidden_states.size(1)
+            << " image tokens, " << inputs.encoder_hidden_states.size(1) << " text tokens; " << stages.size()
+            << " stage(s):";
+  for (size_t s = 0; s < stages.size(); ++s) std::cerr << " [" << bounds[s] << "," << bounds[s + 1] << ")";
+  std::cerr << "\n";
+
+  at::Tensor output;
+  std::vector<double> times;
+  std::vector<double> stage_ms(stages.size(), 0.0);
+  for (int r = 0; r < o.warmup + o.repeat; ++r) {
+    const auto started = std::chrono::steady_clock::now();
+    models::FluxActivations state;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const auto stage_started = std::chrono::steady_clock::now();
+      if (s == 0) state = stages[s].embed(run_in);
+      const auto rope = stages[s].rotary(inputs.txt_ids, inputs.img_ids);
+      stages[s].run_blocks(state, rope, bounds[s], bounds[s + 1]);
+      if (s + 1 == stages.size()) output = stages[s].head(state);
+      if (device.is_cuda()) output.defined() ? (void)output.cpu() : (void)state.image.cpu();
+      if (r >= o.warmup)
+        stage_ms[s] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stage_started).count();
+    }
+    output = output.to(at::kCPU);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    if (r >= o.warmup) times.push_back(ms);
+    std::cerr << (r < o.warmup ? "warmup " : "run ") << (r < o.warmup ? r + 1 : r - o.warmup + 1) << "/"
+              << (r < o.warmup ? o.warmup : o.repeat) << ": " << std::setprecision(2) << ms << " ms\n";
+  }
+  DP_CHECK(!times.empty(), "--repeat must be at least 1");
+  double total = 0, best = times.front();
+  for (double t : times) total += t, best = std::min(best, t);
+  const at::Tensor out32 = output.to(at::kFloat);
+  std::cout << std::setprecision(3) << "forward: mean " << total / times.size() << " ms, best " << best
+            << " ms over " << times.size() << " run(s); output " << output.sizes() << " mean "
+            << out32.mean().item<double>() << " std " << out32.std().item<double>() << "\n";
+  for (size_t s = 0; s < stages.size() && stages.size() > 1; ++s)
+    std::cout << "  stage " << s << " blocks [" << bounds[s] << "," << bounds[s + 1] << "): "
+              << stage_ms[s] / times.size() << " ms\n";
+  if (!o.save.empty()) {
+    std::map<std::string, at::Tensor> tensors = {{"output", output},
+                                                 {"input.hidden_states", inputs.hidden_states},
+                                                 {"input.encoder_hidden_states", inputs.encoder_hidden_states},
+                                                 {"input.pooled_projections", inputs.pooled_projections},
+                                                 {"input.timestep", inputs.timestep},
+                                                 {"input.img_ids", inputs.img_ids},
+                                                 {"input.txt_ids", inputs.txt_ids}};
+    if (inputs.guidance.defined()) tensors["input.guidance"] = inputs.guidance;
+    io::save_tensors(o.save, tensors);
+    std::cout << "saved inputs and output to " << o.save << "\n";
+  }
+}
+
+CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
+  auto o = std::make_shared<ForwardOptions>();
+  auto* cmd = root.add_subcommand("forward", "Run the FLUX transformer on seeded random inputs and time it, whole "
+                                             "or split into stages (as ranks would split it)");
+  cmd->add_option("--model", o->model, "model folder (or its transformer/ folder)")->required();
+  cmd->add_option("--height", o->height, "image height in pixels (multiple of 16)")->capture_default_str();
+  cmd->add_option("--width", o->width, "image width in pixels (multiple of 16)")->capture_default_str();
+  cmd->add_option("--text-len", o->text_len, "text tokens (T5 max_sequence_length)")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "batch size")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--stages", o->stages, "block ranges per stage, e.g. 0:3,3:6 (default: one stage)");
+  cmd->add_option("--repeat", o->repeat, "timed forwards")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed forwards first")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (default: LibTorch's choice)");
+  cmd->add_option("--seed", o->seed, "seed of the random inputs")->capture_default_str();
+  cmd->add_option("--inputs", o->inputs, "read inputs from a safetensors file (input.* tensors) instead");
+  cmd->add_option("--save", o->save, "write inputs and output to this safetensors file");
+  cmd->callback([o] { run_forward(*o); });
+});
+
+}  // namespace
+}  // namespace dp::cli
