@@ -9,7 +9,14 @@
 #include <iostream>
 #include <sstream>
 
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "cli/command.h"
+#include "core/device_stats.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
@@ -25,6 +32,7 @@ struct ForwardOptions {
   int64_t height = 256, width = 256, text_len = 32, batch = 1;
   std::string dtype = "fp32", device = "cpu", stages, inputs, save;
   int repeat = 3, warmup = 1, threads = 0;
+  bool cuda_graph = false;
   uint64_t seed = 0;
   double guidance = 3.5, timestep = 0.75;
 };
@@ -83,6 +91,58 @@ models::FluxInputs make_inputs(const ForwardOptions& o, const models::FluxConfig
   return in;
 }
 
+// Captures the whole forward (every stage) into one CUDA graph and times its replays: the launch gaps
+// between LibTorch's kernels disappear, which shows how much of a step is launch overhead.
+void run_graphed(const ForwardOptions& o, const std::vector<models::FluxTransformer>& stages,
+                 const std::vector<int64_t>& bounds, const models::FluxInputs& inputs, models::FluxInputs run_in,
+                 const at::Device& device) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  DP_CHECK(device.is_cuda(), "--cuda-graph needs --device cuda");
+  run_in.timestep = run_in.timestep.to(device);
+  if (run_in.guidance.defined()) run_in.guidance = run_in.guidance.to(device);
+  std::vector<models::flux::RotaryTables> ropes;
+  for (const auto& stage : stages) ropes.push_back(stage.rotary(inputs.txt_ids, inputs.img_ids));
+  auto forward_all = [&] {
+    models::FluxActivations state = stages.front().embed(run_in);
+    for (size_t s = 0; s < stages.size(); ++s) stages[s].run_blocks(state, ropes[s], bounds[s], bounds[s + 1]);
+    return stages.back().head(state);
+  };
+  const uint64_t weights_peak = peak_memory_bytes(device);
+  reset_peak_memory(device);
+  at::Tensor output;
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    for (int w = 0; w < std::max(1, o.warmup); ++w) output = forward_all();  // allocator and cuBLAS warm-up
+    synchronize(device);
+    graph.capture_begin();
+    output = forward_all();
+    graph.capture_end();
+  }
+  synchronize(device);
+  std::vector<double> times;
+  for (int r = 0; r < o.warmup + o.repeat; ++r) {
+    const auto started = std::chrono::steady_clock::now();
+    graph.replay();
+    synchronize(device);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    if (r >= o.warmup) times.push_back(ms);
+    std::cerr << (r < o.warmup ? "warmup " : "run ") << (r < o.warmup ? r + 1 : r - o.warmup + 1) << "/"
+              << (r < o.warmup ? o.warmup : o.repeat) << ": " << std::fixed << std::setprecision(2) << ms << " ms\n";
+  }
+  double total = 0, best = times.front();
+  for (double t : times) total += t, best = std::min(best, t);
+  const at::Tensor out32 = output.to(at::kCPU, at::kFloat);
+  std::cout << std::setprecision(3) << "forward (CUDA graph): mean " << total / times.size() << " ms, best " << best
+            << " ms over " << times.size() << " replay(s); output " << output.sizes() << " mean "
+            << out32.mean().item<double>() << " std " << out32.std().item<double>() << "\n";
+  std::cout << "memory (cuda): after load " << weights_peak / 1e9 << " GB, peak during forwards "
+            << peak_memory_bytes(device) / 1e9 << " GB (allocated)\n";
+#else
+  DP_FAIL("--cuda-graph needs a build with CUDA");
+#endif
+}
+
 void run_forward(const ForwardOptions& o) {
   c10::InferenceMode guard;
   if (o.threads > 0) at::set_num_threads(o.threads);
@@ -120,6 +180,12 @@ void run_forward(const ForwardOptions& o) {
   std::cerr << "\n";
 
   at::Tensor output;
+  if (o.cuda_graph) {
+    run_graphed(o, stages, bounds, inputs, run_in, device);
+    return;
+  }
+  const uint64_t weights_peak = peak_memory_bytes(device);
+  reset_peak_memory(device);
   std::vector<double> times;
   std::vector<double> stage_ms(stages.size(), 0.0);
   for (int r = 0; r < o.warmup + o.repeat; ++r) {
@@ -131,11 +197,11 @@ void run_forward(const ForwardOptions& o) {
       const auto rope = stages[s].rotary(inputs.txt_ids, inputs.img_ids);
       stages[s].run_blocks(state, rope, bounds[s], bounds[s + 1]);
       if (s + 1 == stages.size()) output = stages[s].head(state);
-      if (device.is_cuda()) output.defined() ? (void)output.cpu() : (void)state.image.cpu();
+      if (stages.size() > 1) synchronize(device);  // per-stage times only when there are stages to compare
       if (r >= o.warmup)
         stage_ms[s] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stage_started).count();
     }
-    output = output.to(at::kCPU);
+    synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (r >= o.warmup) times.push_back(ms);
     std::cerr << (r < o.warmup ? "warmup " : "run ") << (r < o.warmup ? r + 1 : r - o.warmup + 1) << "/"
@@ -144,10 +210,14 @@ void run_forward(const ForwardOptions& o) {
   DP_CHECK(!times.empty(), "--repeat must be at least 1");
   double total = 0, best = times.front();
   for (double t : times) total += t, best = std::min(best, t);
+  output = output.to(at::kCPU);
   const at::Tensor out32 = output.to(at::kFloat);
   std::cout << std::setprecision(3) << "forward: mean " << total / times.size() << " ms, best " << best
             << " ms over " << times.size() << " run(s); output " << output.sizes() << " mean "
             << out32.mean().item<double>() << " std " << out32.std().item<double>() << "\n";
+  std::cout << "memory (" << o.device << "): after load " << weights_peak / 1e9 << " GB, peak during forwards "
+            << peak_memory_bytes(device) / 1e9 << " GB" << (device.is_cuda() ? " (allocated)" : " (process RSS)")
+            << "\n";
   for (size_t s = 0; s < stages.size() && stages.size() > 1; ++s)
     std::cout << "  stage " << s << " blocks [" << bounds[s] << "," << bounds[s + 1] << "): "
               << stage_ms[s] / times.size() << " ms\n";
@@ -183,6 +253,7 @@ CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
   cmd->add_option("--seed", o->seed, "seed of the random inputs")->capture_default_str();
   cmd->add_option("--inputs", o->inputs, "read inputs from a safetensors file (input.* tensors) instead");
   cmd->add_option("--save", o->save, "write inputs and output to this safetensors file");
+  cmd->add_flag("--cuda-graph", o->cuda_graph, "capture the forward in a CUDA graph and time its replays");
   cmd->callback([o] { run_forward(*o); });
 });
 

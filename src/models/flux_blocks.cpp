@@ -13,21 +13,30 @@ at::Tensor feed_forward(const Linear& in, const Linear& out, const at::Tensor& x
   return out(at::gelu(in(x), "tanh"));
 }
 
+Linear concat(const std::vector<Linear>& parts) {
+  std::vector<at::Tensor> weights, biases;
+  for (const auto& p : parts) {
+    weights.push_back(p.weight);
+    biases.push_back(p.bias);
+  }
+  return {at::cat(weights, 0), at::cat(biases, 0)};
+}
+
 }  // namespace
 
-AttentionWeights AttentionWeights::load(const ModuleWeights& w, const FluxConfig& c, bool joint) {
+AttentionWeights AttentionWeights::load(const ModuleWeights& w, const FluxConfig& c, bool joint, const Linear* extra) {
   const int64_t dim = c.inner_dim();
   AttentionWeights a;
-  a.to_q = Linear::load(w, "to_q", dim, dim);
-  a.to_k = Linear::load(w, "to_k", dim, dim);
-  a.to_v = Linear::load(w, "to_v", dim, dim);
+  std::vector<Linear> projections = {Linear::load(w, "to_q", dim, dim), Linear::load(w, "to_k", dim, dim),
+                                     Linear::load(w, "to_v", dim, dim)};
+  if (extra != nullptr) projections.push_back(*extra);
+  a.qkv = concat(projections);
   a.norm_q = w.get_shaped("norm_q.weight", {c.attention_head_dim});
   a.norm_k = w.get_shaped("norm_k.weight", {c.attention_head_dim});
   if (joint) {
     a.to_out = Linear::load(w, "to_out.0", dim, dim);
-    a.add_q_proj = Linear::load(w, "add_q_proj", dim, dim);
-    a.add_k_proj = Linear::load(w, "add_k_proj", dim, dim);
-    a.add_v_proj = Linear::load(w, "add_v_proj", dim, dim);
+    a.added_qkv = concat({Linear::load(w, "add_q_proj", dim, dim), Linear::load(w, "add_k_proj", dim, dim),
+                          Linear::load(w, "add_v_proj", dim, dim)});
     a.to_add_out = Linear::load(w, "to_add_out", dim, dim);
     a.norm_added_q = w.get_shaped("norm_added_q.weight", {c.attention_head_dim});
     a.norm_added_k = w.get_shaped("norm_added_k.weight", {c.attention_head_dim});
@@ -57,12 +66,14 @@ void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   const at::Tensor norm_image = modulate(layer_norm(image), mod[0], mod[1]);
   const at::Tensor norm_text = modulate(layer_norm(text), cmod[0], cmod[1]);
 
-  at::Tensor q = rms_norm(heads(attn.to_q(norm_image), head_dim), attn.norm_q);
-  at::Tensor k = rms_norm(heads(attn.to_k(norm_image), head_dim), attn.norm_k);
-  at::Tensor v = heads(attn.to_v(norm_image), head_dim);
-  const at::Tensor cq = rms_norm(heads(attn.add_q_proj(norm_text), head_dim), attn.norm_added_q);
-  const at::Tensor ck = rms_norm(heads(attn.add_k_proj(norm_text), head_dim), attn.norm_added_k);
-  const at::Tensor cv = heads(attn.add_v_proj(norm_text), head_dim);
+  const auto image_qkv = attn.qkv(norm_image).chunk(3, -1);
+  const auto text_qkv = attn.added_qkv(norm_text).chunk(3, -1);
+  at::Tensor q = rms_norm(heads(image_qkv[0], head_dim), attn.norm_q);
+  at::Tensor k = rms_norm(heads(image_qkv[1], head_dim), attn.norm_k);
+  at::Tensor v = heads(image_qkv[2], head_dim);
+  const at::Tensor cq = rms_norm(heads(text_qkv[0], head_dim), attn.norm_added_q);
+  const at::Tensor ck = rms_norm(heads(text_qkv[1], head_dim), attn.norm_added_k);
+  const at::Tensor cv = heads(text_qkv[2], head_dim);
   q = apply_rotary(at::cat({cq, q}, 1), rope);
   k = apply_rotary(at::cat({ck, k}, 1), rope);
   v = at::cat({cv, v}, 1);
@@ -84,9 +95,9 @@ SingleBlock SingleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
   SingleBlock b;
   b.head_dim = c.attention_head_dim;
   b.norm = Linear::load(w, "norm.linear", dim, 3 * dim);
-  b.proj_mlp = Linear::load(w, "proj_mlp", dim, c.mlp_hidden_dim());
+  const Linear proj_mlp = Linear::load(w, "proj_mlp", dim, c.mlp_hidden_dim());
   b.proj_out = Linear::load(w, "proj_out", dim + c.mlp_hidden_dim(), dim);
-  b.attn = AttentionWeights::load(w.child("attn"), c, /*joint=*/false);
+  b.attn = AttentionWeights::load(w.child("attn"), c, /*joint=*/false, &proj_mlp);
   return b;
 }
 
@@ -96,10 +107,12 @@ void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   const at::Tensor residual = at::cat({text, image}, 1);
   const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
   const at::Tensor normed = modulate(layer_norm(residual), mod[0], mod[1]);
-  const at::Tensor mlp = at::gelu(proj_mlp(normed), "tanh");
-  const at::Tensor q = apply_rotary(rms_norm(heads(attn.to_q(normed), head_dim), attn.norm_q), rope);
-  const at::Tensor k = apply_rotary(rms_norm(heads(attn.to_k(normed), head_dim), attn.norm_k), rope);
-  const at::Tensor v = heads(attn.to_v(normed), head_dim);
+  const int64_t dim = normed.size(-1);
+  const auto projected = attn.qkv(normed).split_with_sizes({dim, dim, dim, attn.qkv.weight.size(0) - 3 * dim}, -1);
+  const at::Tensor mlp = at::gelu(projected[3], "tanh");
+  const at::Tensor q = apply_rotary(rms_norm(heads(projected[0], head_dim), attn.norm_q), rope);
+  const at::Tensor k = apply_rotary(rms_norm(heads(projected[1], head_dim), attn.norm_k), rope);
+  const at::Tensor v = heads(projected[2], head_dim);
   const at::Tensor attn_out = attention(q, k, v);
   const at::Tensor joint = clip_if_half(residual + mod[2].unsqueeze(1) * proj_out(at::cat({attn_out, mlp}, 2)));
   text = joint.slice(1, 0, text_len);

@@ -9,12 +9,15 @@
 namespace dp::models::flux {
 
 struct AttentionWeights {
-  Linear to_q, to_k, to_v;
+  // to_q, to_k and to_v read the same input, so they run as one GEMM over concatenated weights
+  // (single blocks also append proj_mlp). Outputs are split back as views.
+  Linear qkv;
   at::Tensor norm_q, norm_k;
   // Double blocks only: output projection and the text-stream projections.
-  Linear to_out, add_q_proj, add_k_proj, add_v_proj, to_add_out;
+  Linear to_out, added_qkv, to_add_out;
   at::Tensor norm_added_q, norm_added_k;
-  static AttentionWeights load(const ModuleWeights& w, const FluxConfig& c, bool joint);
+  // `extra` (single blocks: proj_mlp) is fused after q, k and v.
+  static AttentionWeights load(const ModuleWeights& w, const FluxConfig& c, bool joint, const Linear* extra = nullptr);
 };
 
 // FluxTransformerBlock: separate image and text streams meeting in joint attention.
@@ -31,8 +34,8 @@ struct DoubleBlock {
 // FluxSingleTransformerBlock: one stream over [text, image], attention and MLP in parallel.
 struct SingleBlock {
   Linear norm;  // AdaLayerNormZeroSingle projection (dim -> 3 dim)
-  Linear proj_mlp, proj_out;
-  AttentionWeights attn;
+  Linear proj_out;
+  AttentionWeights attn;  // attn.qkv also holds proj_mlp
   int64_t head_dim = 0;
   static SingleBlock load(const ModuleWeights& w, const FluxConfig& c);
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;

@@ -4,6 +4,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <filesystem>
@@ -139,6 +140,49 @@ TEST_P(FluxOracle, AnySplitEqualsNoSplit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracle, ::testing::ValuesIn(kCases));
+
+// The same oracle on the GPU. CI machines have none, so these skip there; bench/gpu.sh sets
+// DIFFPIPE_REQUIRE_CUDA=1, which turns a missing GPU into a failure.
+class FluxOracleCuda : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (at::hasCUDA()) return;
+    if (std::getenv("DIFFPIPE_REQUIRE_CUDA") != nullptr) FAIL() << "DIFFPIPE_REQUIRE_CUDA is set but no GPU is visible";
+    GTEST_SKIP() << "no CUDA device on this machine";
+  }
+};
+
+FluxInputs to_device(const FluxInputs& in, const at::Device& device) {
+  FluxInputs out = in;
+  for (at::Tensor* t : {&out.hidden_states, &out.encoder_hidden_states, &out.pooled_projections, &out.timestep,
+                        &out.img_ids, &out.txt_ids, &out.guidance})
+    if (t->defined()) *t = t->to(device);
+  return out;
+}
+
+TEST_P(FluxOracleCuda, Fp32MatchesDiffusers) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const auto model = FluxTransformer::load(c.transformer_dir, at::kFloat, at::kCUDA);
+  const double err = relative_error(model.forward(to_device(c.inputs, at::kCUDA)).cpu(), c.expected_fp32);
+  std::cout << GetParam() << ": CUDA fp32 relative error vs diffusers CPU fp32 " << err << "\n";
+  // cuBLAS and the SDPA kernels reduce in another order than the CPU, TF32 stays off: 1e-4 as on CPU.
+  EXPECT_LE(err, 1e-4);
+}
+
+TEST_P(FluxOracleCuda, Bf16MatchesDiffusers) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const auto model = FluxTransformer::load(c.transformer_dir, at::kBFloat16, at::kCUDA);
+  const at::Tensor out = model.forward(to_device(cast_inputs(c.inputs, at::kBFloat16), at::kCUDA)).cpu();
+  const double err = relative_error(out, c.expected_bf16);
+  std::cout << GetParam() << ": CUDA bf16 relative error vs diffusers CPU bf16 " << err << "\n";
+  // Flash attention and cuBLAS bf16 kernels round intermediate results differently from the CPU kernels,
+  // so allow eight bf16 ulps of the output scale (3.2e-2); a wrong formula gives errors of order one.
+  EXPECT_LE(err, 3.2e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracleCuda, ::testing::ValuesIn(kCases));
 
 TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {
   c10::InferenceMode guard;

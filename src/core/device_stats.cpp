@@ -1,0 +1,55 @@
+#include "core/device_stats.h"
+
+#include <sys/resource.h>
+
+#include <fstream>
+#include <string>
+
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include "core/error.h"
+
+namespace dp {
+
+void synchronize(const at::Device& device) {
+  if (!device.is_cuda()) return;
+#ifdef DIFFPIPE_HAVE_CUDA
+  c10::cuda::device_synchronize();
+#else
+  DP_FAIL("this build has no CUDA support");
+#endif
+}
+
+uint64_t peak_memory_bytes(const at::Device& device) {
+  if (device.is_cuda()) {
+#ifdef DIFFPIPE_HAVE_CUDA
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
+    return static_cast<uint64_t>(stats.allocated_bytes[0].peak);
+#else
+    DP_FAIL("this build has no CUDA support");
+#endif
+  }
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+void reset_peak_memory(const at::Device& device) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
+#endif
+}
+
+uint64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace dp

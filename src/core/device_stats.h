@@ -1,0 +1,18 @@
+#pragma once
+// Synchronisation and peak-memory figures for timing and reports, on CPU or CUDA.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace dp {
+
+// Waits for queued device work, so that host clocks measure it.
+void synchronize(const at::Device& device);
+// Peak bytes allocated by LibTorch's caching allocator on a CUDA device since the last reset; on CPU, the
+// process's peak resident set size.
+uint64_t peak_memory_bytes(const at::Device& device);
+void reset_peak_memory(const at::Device& device);
+// Current resident set size of the process (VmRSS), in bytes.
+uint64_t resident_bytes();
+
+}  // namespace dp

@@ -1,0 +1,89 @@
+#include "io/png_image.h"
+
+#include <png.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "core/error.h"
+
+namespace dp::io {
+namespace {
+
+struct File {
+  FILE* handle = nullptr;
+  ~File() {
+    if (handle) std::fclose(handle);
+  }
+};
+
+[[noreturn]] void png_failure(png_structp png, png_const_charp message) {
+  // libpng needs a non-returning handler; we unwind with the message instead of longjmp.
+  throw std::runtime_error(message ? message : "libpng error");
+}
+
+}  // namespace
+
+void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, int width, int height) {
+  DP_CHECK(width > 0 && height > 0, path, ": invalid image size ", width, "x", height);
+  DP_CHECK(pixels.size() == static_cast<size_t>(width) * height * 3, path, ": expected ", width * height * 3,
+           " bytes of RGB, got ", pixels.size());
+  const std::string tmp = path + ".partial";
+  {
+    File file;
+    file.handle = std::fopen(tmp.c_str(), "wb");
+    DP_CHECK(file.handle != nullptr, tmp, ": cannot open for writing");
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, png_failure, nullptr);
+    png_infop info = png ? png_create_info_struct(png) : nullptr;
+    DP_CHECK(png && info, path, ": libpng could not allocate");
+    try {
+      png_init_io(png, file.handle);
+      png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+                   PNG_FILTER_TYPE_DEFAULT);
+      png_write_info(png, info);
+      for (int y = 0; y < height; ++y)
+        png_write_row(png, const_cast<png_bytep>(pixels.data() + static_cast<size_t>(y) * width * 3));
+      png_write_end(png, nullptr);
+    } catch (const std::exception& e) {
+      png_destroy_write_struct(&png, &info);
+      DP_FAIL(path, ": PNG write failed: ", e.what());
+    }
+    png_destroy_write_struct(&png, &info);
+    DP_CHECK(std::fflush(file.handle) == 0, tmp, ": write failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::vector<uint8_t> read_png_rgb(const std::string& path, int* width, int* height) {
+  File file;
+  file.handle = std::fopen(path.c_str(), "rb");
+  DP_CHECK(file.handle != nullptr, path, ": cannot open");
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, nullptr, png_failure, nullptr);
+  png_infop info = png ? png_create_info_struct(png) : nullptr;
+  DP_CHECK(png && info, path, ": libpng could not allocate");
+  std::vector<uint8_t> pixels;
+  try {
+    png_init_io(png, file.handle);
+    png_read_info(png, info);
+    *width = static_cast<int>(png_get_image_width(png, info));
+    *height = static_cast<int>(png_get_image_height(png, info));
+    const int color = png_get_color_type(png, info);
+    DP_CHECK(png_get_bit_depth(png, info) == 8 && (color == PNG_COLOR_TYPE_RGB || color == PNG_COLOR_TYPE_RGBA),
+             path, ": only 8-bit RGB/RGBA PNGs are supported");
+    if (color == PNG_COLOR_TYPE_RGBA) png_set_strip_alpha(png);
+    png_read_update_info(png, info);
+    pixels.resize(static_cast<size_t>(*width) * *height * 3);
+    for (int y = 0; y < *height; ++y) png_read_row(png, pixels.data() + static_cast<size_t>(y) * *width * 3, nullptr);
+  } catch (const dp::Error&) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    throw;
+  } catch (const std::exception& e) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    DP_FAIL(path, ": PNG read failed: ", e.what());
+  }
+  png_destroy_read_struct(&png, &info, nullptr);
+  return pixels;
+}
+
+}  // namespace dp::io

@@ -1,0 +1,14 @@
+#pragma once
+// 8-bit RGB PNG output through libpng.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dp::io {
+
+// `pixels` is height*width*3 bytes, row-major RGB. Written atomically (temp file, then rename).
+void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, int width, int height);
+// Reads an 8-bit RGB or RGBA PNG back (tests, PSNR checks); alpha is dropped.
+std::vector<uint8_t> read_png_rgb(const std::string& path, int* width, int* height);
+
+}  // namespace dp::io
