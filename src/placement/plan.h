@@ -1,0 +1,41 @@
+#pragma once
+// `diffpipe plan` as a library call: read a model folder's configs and safetensors headers (no weights),
+// place the transformer with the requested strategy and the other components with pipeline-level
+// "balanced", and report hf_device_map, per-device bytes, ranks and predicted stage times next to those of
+// "balanced" and "pipeline".
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "placement/device.h"
+#include "placement/stage_timing.h"
+
+namespace dp::placement {
+
+struct PlanRequest {
+  std::string model_dir;
+  // auto | balanced | balanced_low_0 | sequential | pipeline | path of a JSON device map.
+  std::string device_map = "auto";
+  std::string pipeline_device_map;               // "" (none) or "balanced"
+  std::vector<std::string> pipeline_components;  // empty: every component with weights except the transformer
+  std::optional<MaxMemory> max_memory;           // absent: every GPU of the world at gpu_memory_bytes, plus cpu
+  int world_size = 0;                            // 0: the GPUs max_memory names (or 1)
+  io::DType dtype = io::DType::BF16;
+  TimingModel timing;
+  int64_t gpu_memory_bytes = 141'000'000'000;  // assumed free memory per GPU when max_memory is absent (H200)
+  int64_t cpu_memory_bytes = 128'000'000'000;
+};
+
+// "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32"; throws naming the value.
+io::DType parse_run_dtype(const std::string& name);
+std::string run_dtype_name(io::DType dtype);
+
+// Reads --max-memory: a JSON file path (an object of device -> size) or the inline "0=16GB,cpu=64GB" form.
+MaxMemory read_max_memory_argument(const std::string& argument);
+
+// The whole plan as one JSON object; throws dp::Error naming the file, key or value at fault.
+nlohmann::ordered_json make_plan(const PlanRequest& request);
+
+}  // namespace dp::placement

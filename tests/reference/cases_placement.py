@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Oracle for src/placement: the device maps the pinned diffusers/accelerate compute for FLUX transformers.
+
+Models are built on the meta device (accelerate.init_empty_weights) under the run dtype, exactly as
+diffusers' ModelMixin.from_pretrained builds them before it calls _determine_device_map, and the map is
+taken from that same function, so every argument (no_split_module_classes, dtype, special_dtypes, low_zero,
+max_memory handling) is diffusers' own. Pipeline-level "balanced" uses diffusers' component assignment on
+component sizes computed as _get_final_device_map computes them.
+
+Writes into --out:
+  configs/<name>.json        transformer config.json for each architecture
+  modules/<name>.json        named_modules (name, class, own parameters) and named_parameters (name, shape)
+  cases.json                 model-level cases: config, dtype, strategy, max_memory, expected hf_device_map
+  pipeline_tiny/             a tiny FLUX pipeline folder saved with save_pretrained (real tiny weights)
+  pipeline_cases.json        pipeline-level cases: max_memory, component sizes, diffusers' map
+"""
+import argparse
+import copy
+import json
+import logging
+import pathlib
+
+import accelerate
+import torch
+from accelerate import infer_auto_device_map
+from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_memory
+from diffusers import AutoencoderKL, FluxTransformer2DModel
+from diffusers.models.model_loading_utils import _determine_device_map
+from diffusers.pipelines.pipeline_loading_utils import _assign_components_to_devices
+from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STRATEGIES = ["auto", "balanced", "balanced_low_0", "sequential"]
+
+FLUX_DEV = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
+                attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=[16, 56, 56])
+TINY = {
+    "tiny_guided": dict(patch_size=1, in_channels=8, out_channels=None, num_layers=2, num_single_layers=4,
+                        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                        pooled_projection_dim=16, guidance_embeds=True, axes_dims_rope=[4, 6, 6]),
+    "tiny_schnell": dict(patch_size=1, in_channels=16, out_channels=None, num_layers=3, num_single_layers=5,
+                         attention_head_dim=8, num_attention_heads=4, joint_attention_dim=24,
+                         pooled_projection_dim=12, guidance_embeds=False, axes_dims_rope=[2, 2, 4]),
+    "tiny_single_only": dict(patch_size=2, in_channels=4, out_channels=8, num_layers=0, num_single_layers=3,
+                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=16,
+                             pooled_projection_dim=8, guidance_embeds=True, axes_dims_rope=[4, 6, 6]),
+    "tiny_double_only": dict(patch_size=1, in_channels=8, out_channels=None, num_layers=4, num_single_layers=0,
+                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                             pooled_projection_dim=16, guidance_embeds=False, axes_dims_rope=[4, 6, 6]),
+}
+
+
+def build_meta_flux(config, dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with accelerate.init_empty_weights():
+            model = FluxTransformer2DModel(**config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model
+
+
+def module_listing(model):
+    modules = [[name, type(m).__name__, [p for p, _ in m.named_parameters(recurse=False)]]
+               for name, m in model.named_modules()]
+    parameters = [[name, list(p.shape)] for name, p in model.named_parameters()]
+    buffers = [name for name, _ in model.named_buffers()]
+    return {"modules": modules, "parameters": parameters, "buffers": buffers}
+
+
+def device_map_of(model, strategy, max_memory, dtype):
+    """Returns (map as [key, device] pairs, accelerate's error or None).
+
+    accelerate's get_balanced_memory crashes on a "disk" key (torch.device("disk")); for those cases the
+    expected map is the one it computes with "disk" left out of the balancing and put back for the walk,
+    which is what diffpipe does, and the error is recorded next to it."""
+    error = None
+    try:
+        # _determine_device_map mutates what it is given; the case keeps the user's original values.
+        result = _determine_device_map(model, strategy, copy.deepcopy(max_memory), dtype, [], None)
+    except RuntimeError as e:
+        if "disk" not in max_memory or strategy == "sequential":
+            raise
+        error = str(e).splitlines()[0]
+        without_disk = {k: v for k, v in copy.deepcopy(max_memory).items() if k != "disk"}
+        balanced = get_balanced_memory(model, max_memory=without_disk, dtype=dtype, special_dtypes={},
+                                       low_zero=(strategy == "balanced_low_0"),
+                                       no_split_module_classes=model._get_no_split_modules(strategy))
+        balanced["disk"] = max_memory["disk"]
+        result = infer_auto_device_map(model, max_memory=balanced, dtype=dtype, special_dtypes={},
+                                       no_split_module_classes=model._get_no_split_modules(strategy))
+    return [[key, value] for key, value in result.items()], error
+
+
+def flux_dev_memory_settings():
+    return [
+        {0: "141GB", 1: "141GB"},
+        {0: "16GB", 1: "16GB", "cpu": "64GB"},
+        {0: "10GiB", 1: "10GiB", "cpu": "3GB"},
+        {0: "141GB", 1: "141GB", 2: "141GB"},
+        {0: "141GB", 1: "141GB", 2: "141GB", 3: "141GB"},
+        {i: "141GB" for i in range(8)},
+        {0: "24GB", "cpu": "64GB"},
+        {0: "20GB", 1: 0, 2: "20GB", "cpu": "64GB"},
+        {0: "8GB", 1: "12GB", 2: 5_000_000_000, "cpu": "4GB", "disk": "100GB"},
+    ]
+
+
+def tiny_memory_settings(total):
+    return [
+        {0: total * 2},
+        {0: int(total * 0.6), 1: int(total * 0.6)},
+        {0: total // 3, 1: total // 3, 2: total // 3, "cpu": total},
+        {0: int(total * 0.3), 1: int(total * 0.3), "cpu": int(total * 0.2)},
+        {0: total // 20, 1: total // 20, "cpu": total // 20},
+        {0: 0, 1: total // 2, 2: total // 2, "cpu": total},
+        {0: 3000, "cpu": 5000},
+    ]
+
+
+def model_cases(out):
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+    (out / "modules").mkdir(parents=True, exist_ok=True)
+    cases = []
+    architectures = [("flux_dev", FLUX_DEV, ["bfloat16", "float32"])] + [
+        (name, cfg, ["bfloat16", "float32"]) for name, cfg in TINY.items()]
+    for name, config, dtypes in architectures:
+        (out / "configs" / f"{name}.json").write_text(
+            json.dumps(dict(_class_name="FluxTransformer2DModel", **config), indent=2))
+        listing_written = False
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            model = build_meta_flux(config, dtype)
+            if not listing_written:
+                (out / "modules" / f"{name}.json").write_text(json.dumps(module_listing(model)))
+                listing_written = True
+            total = compute_module_sizes(model, dtype=dtype)[""]
+            if name == "flux_dev":
+                settings = flux_dev_memory_settings() if dtype_name == "bfloat16" else [
+                    {0: "30GB", 1: "30GB", "cpu": "100GB"}, {0: "141GB", 1: "141GB", 2: "141GB", 3: "141GB"}]
+            else:
+                settings = tiny_memory_settings(total)
+            for max_memory in settings:
+                for strategy in STRATEGIES:
+                    expected, error = device_map_of(model, strategy, max_memory, dtype)
+                    cases.append({
+                        "config": name, "dtype": dtype_name, "strategy": strategy,
+                        "max_memory": {str(k): v for k, v in max_memory.items()},
+                        "total_bytes": total, "expected": expected, "accelerate_error": error})
+    (out / "cases.json").write_text(json.dumps(cases, indent=1))
+    print(f"[placement] {len(cases)} model-level cases")
+
+
+def tiny_pipeline(out):
+    """A tiny FLUX pipeline with real (random, tiny) weights, and diffusers' pipeline-level 'balanced'."""
+    folder = out / "pipeline_tiny"
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    components = {
+        "transformer": FluxTransformer2DModel(**TINY["tiny_guided"]),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(
+            vocab_size=1000, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=77, projection_dim=16)),
+        "text_encoder_2": T5EncoderModel(T5Config(
+            vocab_size=1000, d_model=48, d_ff=96, d_kv=8, num_layers=3, num_heads=6,
+            feed_forward_proj="gated-gelu", relative_attention_num_buckets=8)),
+        "vae": AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[8, 16],
+                             layers_per_block=1, latent_channels=4, norm_num_groups=4, use_quant_conv=False,
+                             use_post_quant_conv=False),
+    }
+    index = {"_class_name": "FluxPipeline", "_diffusers_version": "0.42.1"}
+    libraries = {"transformer": "diffusers", "vae": "diffusers", "text_encoder": "transformers",
+                 "text_encoder_2": "transformers"}
+    for name, module in components.items():
+        module.to(dtype).save_pretrained(folder / name, safe_serialization=True)
+        index[name] = [libraries[name], type(module).__name__]
+    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+
+    # Sizes as _get_final_device_map computes them: the module built empty, sized at the run dtype.
+    sizes = {name: compute_module_sizes(module, dtype=dtype)[""] for name, module in components.items()}
+    buffers = {name: [n for n, _ in module.named_buffers()] for name, module in components.items()}
+    cases = []
+    subsets = [["text_encoder", "text_encoder_2"], ["transformer", "text_encoder", "text_encoder_2", "vae"]]
+    t5, clip, flux, vae = sizes["text_encoder_2"], sizes["text_encoder"], sizes["transformer"], sizes["vae"]
+    settings = [
+        {0: "16GB", 1: "16GB"},
+        {0: t5 + clip, 1: t5},
+        {0: t5, 1: clip - 1},
+        {0: clip, 1: clip, "cpu": 10 * t5},
+        {0: 100, 1: 100},
+        {0: flux + vae, 1: t5 + clip, 2: t5},
+        {0: 10 * flux, 1: 10 * flux, 2: 10 * flux, 3: 10 * flux},
+        {1: t5 + clip + flux, 0: flux},
+    ]
+    for subset in subsets:
+        for max_memory in settings:
+            ordered = dict(sorted(((n, sizes[n]) for n in subset), key=lambda item: item[1], reverse=True))
+            memory = get_max_memory(copy.deepcopy(max_memory))
+            memory = dict(sorted(memory.items(), key=lambda item: item[1], reverse=True))
+            memory = {k: v for k, v in memory.items() if k != "cpu"}
+            mapping = _assign_components_to_devices(ordered, memory, device_mapping_strategy="balanced")
+            diffusers_map = {c: d for d, comps in mapping.items() for c in comps}
+            cases.append({"components": subset, "dtype": "bfloat16",
+                          "max_memory": {str(k): v for k, v in max_memory.items()},
+                          "diffusers_map": diffusers_map})
+    (out / "pipeline_cases.json").write_text(json.dumps({"sizes": sizes, "buffers": buffers, "cases": cases},
+                                                        indent=1))
+    print(f"[placement] {len(cases)} pipeline-level cases; component sizes {sizes}")
+
+
+def main():
+    # accelerate warns that the GPUs named in max_memory are absent: the oracle plans without GPUs on purpose.
+    logging.getLogger("accelerate.utils.modeling").setLevel(logging.ERROR)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_cases(out)
+    tiny_pipeline(out)
+
+
+if __name__ == "__main__":
+    main()
