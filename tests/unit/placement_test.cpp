@@ -296,5 +296,33 @@ TEST(PlacementSeed, ExampleConfigsPlan) {
   std::printf("%s\n", result.output.c_str());
 }
 
+TEST(PlacementSeed, TextEncodersBalancedOnTwo16GBGpus) {
+  // FLUX.1-dev's text encoders as header-only checkpoints of their published parameter counts (bf16).
+  const std::string dir = dp::test::temp_dir("placement-seed-encoders");
+  dp::test::write_file(dir + "/model_index.json",
+                       R"({"text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"]})");
+  for (const auto& [name, numel] : std::vector<std::pair<std::string, int64_t>>{{"text_encoder", 123'060'480},
+                                                                                {"text_encoder_2", 4'762'310'656}}) {
+    fs::create_directories(dir + "/" + name);
+    dp::test::write_file(dir + "/" + name + "/config.json", "{}");
+    io::SafetensorsWriter writer;
+    writer.add("all_parameters", io::DType::BF16, {numel});
+    writer.write(dir + "/" + name + "/model.safetensors", [](std::size_t, void*, uint64_t) {}, true);
+  }
+  // The transformer is planned too (--device-map defaults to auto); this folder has none, so plan only the
+  // components through the library.
+  const auto folder = io::ModelFolder::open(dir);
+  std::vector<ComponentSize> sizes;
+  for (const char* name : {"text_encoder", "text_encoder_2"})
+    sizes.push_back({name, component_bytes(folder.component(name), folder.config(name), io::DType::BF16)});
+  const auto placed = place_components_balanced(
+      sizes, read_max_memory_argument(dp::test::source_dir() + "/configs/device_maps/seed_max_memory_16GB_x2.json"));
+  ASSERT_EQ(placed.device_map.size(), 2u);
+  EXPECT_EQ(placed.device_map[0].first, "text_encoder_2");
+  EXPECT_EQ(to_string(placed.device_map[0].second), "0");
+  EXPECT_EQ(placed.device_map[1].first, "text_encoder");
+  EXPECT_EQ(to_string(placed.device_map[1].second), "1");
+}
+
 }  // namespace
 }  // namespace dp::placement
