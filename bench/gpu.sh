@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: Release build, CUDA oracle tests, step benchmark, JSON results in $OUT.
 #   bash bench/gpu.sh [--skip-diffusers]
+#   STEP_SIDE=diffpipe or diffusers runs one side of the step benchmark (one call is limited to 10 minutes).
 # Expects the diffusers wheel in .whl/ (the GPU image has no diffusers; see bench/RESULTS.md).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,4 +27,4 @@ model=/tmp/flux-dev-random
 if [ ! -f "$model/model_index.json" ]; then
   "$here/build-gpu/diffpipe" make-random --arch flux-dev --dtype bf16 --out "$model" 2>&1 | tail -2
 fi
-python3 "$here/bench/flux_gpu_step.py" --diffpipe "$here/build-gpu/diffpipe" --model "$model" --json "$out/step.json" "$@" 2>&1 | tee "$out/step.log" | grep -v "^{" 
+python3 "$here/bench/flux_gpu_step.py" --diffpipe "$here/build-gpu/diffpipe" --model "$model" --json "$out/step-${STEP_SIDE:-all}.json" ${STEP_SIDE:+--only $STEP_SIDE} "$@" 2>&1 | tee "$out/step-${STEP_SIDE:-all}.log" | grep -v "^{"
