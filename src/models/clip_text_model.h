@@ -1,0 +1,83 @@
+#pragma once
+// transformers' CLIPTextModel (FLUX's text_encoder): token + position embeddings, pre-norm encoder layers with
+// causal self-attention, a final layer norm, and the hidden state at the eos position as pooled output.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "models/module_weights.h"
+#include "models/text_encoder_activations.h"
+
+namespace dp::models {
+
+// config.json of a CLIPTextModel: every field the text model reads. Defaults are CLIPTextConfig's.
+struct ClipTextConfig {
+  int64_t vocab_size = 49408;
+  int64_t hidden_size = 512;
+  int64_t intermediate_size = 2048;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 8;
+  int64_t max_position_embeddings = 77;
+  std::string hidden_act = "quick_gelu";
+  double layer_norm_eps = 1e-5;
+  int64_t bos_token_id = 49406;
+  int64_t eos_token_id = 49407;
+  int64_t pad_token_id = 1;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Configs written before transformers PR #24773 say eos_token_id 2 (FLUX.1-dev's does); transformers then
+  // pools at the largest token id (CLIP's eos is the last vocabulary entry) instead of the first eos id.
+  bool pools_at_largest_id() const { return eos_token_id == 2; }
+
+  static ClipTextConfig from_json(const nlohmann::json& config, const std::string& source);
+};
+
+class ClipTextModel {
+ public:
+  // Reads component_dir/config.json and the weights in component_dir, converted once to dtype on device.
+  // Accepts both checkpoint layouts: keys under "text_model." (transformers 4.x, FLUX.1-dev) and without it
+  // (transformers 5.x save_pretrained).
+  static ClipTextModel load(const std::string& component_dir, at::ScalarType dtype, at::Device device);
+
+  struct Output {
+    at::Tensor last_hidden_state;  // (B, S, hidden), after the final layer norm
+    at::Tensor pooled_output;      // (B, hidden), last_hidden_state at the eos position of each row
+  };
+  // input_ids: integer (B, S) with S <= max_position_embeddings, on any device. No padding mask is applied:
+  // FluxPipeline passes none, so padded positions attend causally like any other token.
+  Output forward(const at::Tensor& input_ids) const;
+
+  const ClipTextConfig& config() const { return config_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+
+ private:
+  struct LayerNorm {
+    at::Tensor weight, bias;
+    double eps = 1e-5;
+    static LayerNorm load(const ModuleWeights& w, const std::string& name, int64_t dim, double eps);
+    at::Tensor operator()(const at::Tensor& x) const;
+  };
+  struct EncoderLayer {
+    LayerNorm layer_norm1, layer_norm2;
+    Linear q_proj, k_proj, v_proj, out_proj;
+    Linear fc1, fc2;
+  };
+
+  ClipTextModel() = default;
+  at::Tensor encoder_layer(const EncoderLayer& layer, const at::Tensor& hidden) const;
+  at::Tensor eos_positions(const at::Tensor& input_ids) const;
+
+  ClipTextConfig config_;
+  at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  Activation activation_ = nullptr;
+  at::Tensor token_embedding_, position_embedding_;
+  std::vector<EncoderLayer> layers_;
+  LayerNorm final_layer_norm_;
+};
+
+}  // namespace dp::models
