@@ -63,10 +63,14 @@ TensorInfo parse_entry(const std::string& name, const nlohmann::json& entry, con
   DP_CHECK(parse_dtype(dtype, &info.dtype), where, ": unknown dtype '", dtype,
            "' (supported: F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL)");
   uint64_t numel = 1;
+  uint64_t nonzero_product = 1;  // a zero extent must not hide dimensions whose strides would overflow
   for (const auto& dim : entry["shape"]) {
     const uint64_t extent = as_offset(dim, where + " shape");
     DP_CHECK(extent <= static_cast<uint64_t>(INT64_MAX), where, ": dimension ", extent, " too large");
     DP_CHECK(checked_mul(numel, extent, &numel), where, ": element count overflows 64 bits");
+    if (extent != 0)
+      DP_CHECK(checked_mul(nonzero_product, extent, &nonzero_product) && nonzero_product <= static_cast<uint64_t>(INT64_MAX),
+               where, ": shape's extents overflow 64 bits");
     info.shape.push_back(static_cast<int64_t>(extent));
   }
   info.begin = as_offset(entry["data_offsets"][0], where + " data_offsets[0]");
@@ -117,13 +121,17 @@ const TensorInfo* SafetensorsHeader::find(std::string_view name) const {
 
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, uint64_t data_size, const std::string& source) {
   DP_CHECK(!json_text.empty() && json_text.front() == '{', source, ": header must be a JSON object starting with '{'");
-  std::set<std::string> top_keys;
+  // nlohmann keeps the last of repeated keys silently; a file that says two things about one tensor (or
+  // one field) is ambiguous, so every object's keys must be unique.
+  std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   auto guard = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     if (depth > kMaxJsonDepth) throw std::invalid_argument("nesting deeper than " + std::to_string(kMaxJsonDepth));
-    if (event == nlohmann::json::parse_event_t::key && depth == 1) {
+    if (event == nlohmann::json::parse_event_t::object_start) open_objects.emplace_back();
+    if (event == nlohmann::json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    if (event == nlohmann::json::parse_event_t::key && !open_objects.empty()) {
       const std::string key = parsed.get<std::string>();
-      if (!top_keys.insert(key).second && duplicate.empty()) duplicate = key;
+      if (!open_objects.back().insert(key).second && duplicate.empty()) duplicate = key;
     }
     return true;
   };
@@ -133,7 +141,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, uint64_t 
   } catch (const std::exception& e) {
     DP_FAIL(source, ": header is not valid JSON: ", e.what());
   }
-  DP_CHECK(duplicate.empty(), source, ": tensor '", duplicate, "' appears twice in the header");
+  DP_CHECK(duplicate.empty(), source, ": key '", duplicate, "' appears twice in one object of the header");
   DP_CHECK(header.is_object(), source, ": header must be a JSON object");
 
   SafetensorsHeader result;

@@ -63,11 +63,11 @@ def safetensors_cases():
         # --- accepted, but questionable: pinned so a behaviour change shows up in review ---
         # A zero extent makes the element count 0 however large the other extents are (the reference
         # implementation's checked product agrees), but stride products of the other dims overflow int64.
-        "quirk_zero_dim_huge_dims": image({"w": entry("F32", [0, 2**32, 2**32], 0, 0)}),
+        "bad_zero_dim_huge_dims": image({"w": entry("F32", [0, 2**32, 2**32], 0, 0)}),
         # Duplicate fields inside an entry are not detected (only top-level keys are); the last one wins.
-        "quirk_duplicate_field_same_size": image(
+        "bad_duplicate_field_same_size": image(
             '{"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}}', bytes(4)),
-        "quirk_duplicate_metadata_key": image('{"__metadata__":{"k":"a","k":"b"}}'),
+        "bad_duplicate_metadata_key": image('{"__metadata__":{"k":"a","k":"b"}}'),
         # --- broken framing ---
         "bad_short_file": b"abc",
         "bad_empty_file": b"",
