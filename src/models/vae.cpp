@@ -1,0 +1,132 @@
+#include "models/vae.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/json_file.h"
+#include "io/weight_index.h"
+#include "models/module_weights.h"
+#include "models/vae_blocks.h"
+
+namespace dp::models {
+
+VaeConfig VaeConfig::from_json(const nlohmann::json& doc, const std::string& source) {
+  VaeConfig c;
+  c.in_channels = json_get_or<int64_t>(doc, "in_channels", c.in_channels, source);
+  c.out_channels = json_get_or<int64_t>(doc, "out_channels", c.out_channels, source);
+  c.down_block_types = json_get_or<std::vector<std::string>>(doc, "down_block_types", c.down_block_types, source);
+  c.up_block_types = json_get_or<std::vector<std::string>>(doc, "up_block_types", c.up_block_types, source);
+  c.block_out_channels = json_get_or<std::vector<int64_t>>(doc, "block_out_channels", c.block_out_channels, source);
+  c.layers_per_block = json_get_or<int64_t>(doc, "layers_per_block", c.layers_per_block, source);
+  c.act_fn = json_get_or<std::string>(doc, "act_fn", c.act_fn, source);
+  c.latent_channels = json_get_or<int64_t>(doc, "latent_channels", c.latent_channels, source);
+  c.norm_num_groups = json_get_or<int64_t>(doc, "norm_num_groups", c.norm_num_groups, source);
+  c.sample_size = doc.contains("sample_size") && doc["sample_size"].is_array()
+                      ? json_get<std::vector<int64_t>>(doc, "sample_size", source).at(0)
+                      : json_get_or<int64_t>(doc, "sample_size", c.sample_size, source);
+  c.scaling_factor = json_get_or<double>(doc, "scaling_factor", c.scaling_factor, source);
+  if (doc.contains("shift_factor") && !doc["shift_factor"].is_null()) {
+    c.shift_factor = json_get<double>(doc, "shift_factor", source);
+  }
+  c.latents_mean = json_get_or<std::vector<double>>(doc, "latents_mean", {}, source);
+  c.latents_std = json_get_or<std::vector<double>>(doc, "latents_std", {}, source);
+  c.force_upcast = json_get_or<bool>(doc, "force_upcast", c.force_upcast, source);
+  c.use_quant_conv = json_get_or<bool>(doc, "use_quant_conv", c.use_quant_conv, source);
+  c.use_post_quant_conv = json_get_or<bool>(doc, "use_post_quant_conv", c.use_post_quant_conv, source);
+  c.mid_block_add_attention = json_get_or<bool>(doc, "mid_block_add_attention", c.mid_block_add_attention, source);
+
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"in_channels", c.in_channels},
+                             {"out_channels", c.out_channels},
+                             {"layers_per_block", c.layers_per_block},
+                             {"latent_channels", c.latent_channels},
+                             {"norm_num_groups", c.norm_num_groups}}) {
+    DP_CHECK(value > 0, source, ": ", name, " must be positive, got ", value);
+  }
+  const std::size_t levels = c.block_out_channels.size();
+  DP_CHECK(levels >= 1 && levels <= 16, source, ": block_out_channels must have 1 to 16 entries, got ", levels);
+  for (int64_t channels : c.block_out_channels) {
+    DP_CHECK(channels > 0 && channels % c.norm_num_groups == 0, source, ": every block_out_channels entry must be a ",
+             "positive multiple of norm_num_groups ", c.norm_num_groups, " (group norm), got ", channels);
+  }
+  DP_CHECK(c.down_block_types.size() == levels && c.up_block_types.size() == levels, source,
+           ": down_block_types (", c.down_block_types.size(), ") and up_block_types (", c.up_block_types.size(),
+           ") must each have one entry per block_out_channels entry (", levels, ")");
+  for (const auto& type : c.down_block_types) {
+    DP_CHECK(type == "DownEncoderBlock2D", source, ": unsupported down block type '", type,
+             "' (only DownEncoderBlock2D)");
+  }
+  for (const auto& type : c.up_block_types) {
+    DP_CHECK(type == "UpDecoderBlock2D", source, ": unsupported up block type '", type, "' (only UpDecoderBlock2D)");
+  }
+  DP_CHECK(c.scaling_factor != 0.0, source, ": scaling_factor must not be zero");
+  vae_activation(c.act_fn, source);
+  return c;
+}
+
+AutoencoderKL AutoencoderKL::load(const std::string& dir, at::ScalarType dtype, at::Device device, bool with_encoder) {
+  DP_CHECK(std::filesystem::is_directory(dir), dir, ": VAE folder not found");
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  AutoencoderKL model;
+  model.config_ = VaeConfig::from_json(read_json_file(config_path), config_path);
+  model.dtype_ = dtype;
+  model.device_ = device;
+  const VaeConfig& c = model.config_;
+  const VaeActivation act = vae_activation(c.act_fn, config_path);
+
+  auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
+  const ModuleWeights root(index, dtype, device);
+  model.decoder_ = std::make_shared<const VaeDecoder>(VaeDecoder::load(root.child("decoder"), c, act));
+  if (c.use_post_quant_conv) {
+    const Conv2d conv = Conv2d::load(root, "post_quant_conv", c.latent_channels, c.latent_channels, 1, 1, 0);
+    model.post_quant_conv_weight_ = conv.weight;
+    model.post_quant_conv_bias_ = conv.bias;
+  }
+  if (with_encoder) {
+    model.encoder_ = std::make_shared<const VaeEncoder>(VaeEncoder::load(root.child("encoder"), c, act));
+    if (c.use_quant_conv) {
+      const int64_t moments = 2 * c.latent_channels;
+      const Conv2d conv = Conv2d::load(root, "quant_conv", moments, moments, 1, 1, 0);
+      model.quant_conv_weight_ = conv.weight;
+      model.quant_conv_bias_ = conv.bias;
+    }
+  }
+  return model;
+}
+
+at::Tensor AutoencoderKL::unscale_latents(const at::Tensor& latents) const {
+  c10::InferenceMode inference;
+  const at::Tensor unscaled = latents / config_.scaling_factor;
+  return config_.shift_factor ? unscaled + *config_.shift_factor : unscaled;
+}
+
+at::Tensor AutoencoderKL::scale_latents(const at::Tensor& z) const {
+  c10::InferenceMode inference;
+  return (config_.shift_factor ? z - *config_.shift_factor : z) * config_.scaling_factor;
+}
+
+at::Tensor AutoencoderKL::decode(const at::Tensor& z) const {
+  c10::InferenceMode inference;
+  DP_CHECK(z.defined() && z.dim() == 4 && z.size(1) == config_.latent_channels && z.size(2) > 0 && z.size(3) > 0,
+           "VAE decode: expected latents (batch, ", config_.latent_channels, ", height, width), got ",
+           z.defined() ? z.sizes() : at::IntArrayRef{});
+  at::Tensor latents = z.to(device_, dtype_);
+  if (post_quant_conv_weight_.defined()) latents = at::conv2d(latents, post_quant_conv_weight_, post_quant_conv_bias_);
+  return (*decoder_)(latents);
+}
+
+AutoencoderKL::LatentDistribution AutoencoderKL::encode(const at::Tensor& image) const {
+  c10::InferenceMode inference;
+  DP_CHECK(encoder_ != nullptr, "VAE encode: the encoder was not loaded (AutoencoderKL::load with_encoder = true)");
+  DP_CHECK(image.defined() && image.dim() == 4 && image.size(1) == config_.in_channels && image.size(2) > 0 &&
+               image.size(3) > 0,
+           "VAE encode: expected an image (batch, ", config_.in_channels, ", height, width), got ",
+           image.defined() ? image.sizes() : at::IntArrayRef{});
+  at::Tensor moments = (*encoder_)(image.to(device_, dtype_));
+  if (quant_conv_weight_.defined()) moments = at::conv2d(moments, quant_conv_weight_, quant_conv_bias_);
+  const auto halves = moments.chunk(2, 1);
+  return {halves[0], at::clamp(halves[1], -30.0, 20.0)};
+}
+
+}  // namespace dp::models
