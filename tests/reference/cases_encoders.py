@@ -8,7 +8,10 @@ from_pretrained at that dtype, as FluxPipeline.from_pretrained(torch_dtype=...) 
 Also OUT/<case>/facts.json records what the C++ side must match (attention implementation, saved keys)."""
 import argparse
 import json
+import os
 import pathlib
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # keep ctest logs readable
 
 import torch
 from safetensors.torch import save_file
