@@ -106,30 +106,35 @@ LatentsFile read_latents_hdf5(const std::string& path) {
   file.values.resize(count);
   DP_CHECK(H5Dread(data.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, file.values.data()) >= 0, path,
            ": cannot read dataset 'latents'");
-  const int attributes = H5Aget_num_attrs(h5.get());
-  for (int i = 0; i < attributes; ++i) {
-    Handle attr(H5Aopen_by_idx(h5.get(), ".", H5_INDEX_NAME, H5_ITER_INC, static_cast<hsize_t>(i), H5P_DEFAULT,
-                               H5P_DEFAULT),
-                H5Aclose);
-    if (!attr.ok()) continue;
-    char name[256] = {0};
-    H5Aget_name(attr.get(), sizeof(name) - 1, name);
+  struct Visit {
+    LatentsFile* file;
+    const std::string* path;
+  } visit{&file, &path};
+  auto read_one = [](hid_t location, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    auto* v = static_cast<Visit*>(data);
+    Handle attr(H5Aopen(location, name, H5P_DEFAULT), H5Aclose);
+    if (!attr.ok()) return 0;
     Handle atype(H5Aget_type(attr.get()), H5Tclose);
     Handle aspace(H5Aget_space(attr.get()), H5Sclose);
-    if (H5Sget_simple_extent_npoints(aspace.get()) != 1) continue;
-    if (H5Tget_class(atype.get()) == H5T_STRING && !H5Tis_variable_str(atype.get())) {
+    if (H5Sget_simple_extent_npoints(aspace.get()) != 1) return 0;  // only scalars carry run facts
+    const H5T_class_t kind = H5Tget_class(atype.get());
+    if (kind == H5T_STRING && H5Tis_variable_str(atype.get()) <= 0) {
       const size_t size = H5Tget_size(atype.get());
-      DP_CHECK(size < (1u << 20), path, ": attribute '", name, "' is implausibly long");
+      if (size == 0 || size >= (1u << 20)) return 0;
       std::string value(size, '\0');
       if (H5Aread(attr.get(), atype.get(), value.data()) >= 0) {
         value.resize(value.find('\0') == std::string::npos ? value.size() : value.find('\0'));
-        file.text_attributes[name] = value;
+        v->file->text_attributes[name] = value;
       }
-    } else if (H5Tget_class(atype.get()) == H5T_FLOAT || H5Tget_class(atype.get()) == H5T_INTEGER) {
+    } else if (kind == H5T_FLOAT || kind == H5T_INTEGER) {
       double value = 0;
-      if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value) >= 0) file.numeric_attributes[name] = value;
+      if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value) >= 0) v->file->numeric_attributes[name] = value;
     }
-  }
+    return 0;
+  };
+  hsize_t index = 0;
+  DP_CHECK(H5Aiterate2(h5.get(), H5_INDEX_NAME, H5_ITER_INC, &index, read_one, &visit) >= 0, path,
+           ": cannot read the file's attributes");
   return file;
 }
 

@@ -1,0 +1,187 @@
+#include "pipeline/flux_pipeline.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "core/device_stats.h"
+#include "core/error.h"
+#include "core/json_file.h"
+#include "core/log.h"
+#include "models/clip_text_model.h"
+#include "models/clip_tokenizer.h"
+#include "models/flow_match_scheduler.h"
+#include "models/flux_transformer.h"
+#include "models/t5_encoder.h"
+#include "models/t5_tokenizer.h"
+#include "models/vae.h"
+
+namespace fs = std::filesystem;
+
+namespace dp::pipeline {
+namespace {
+
+// Resets the kernel's peak-RSS counter (VmHWM) so each stage reports its own peak.
+void reset_peak_resident() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+}
+
+uint64_t peak_resident() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+class StageTimer {
+ public:
+  StageTimer(std::string name, const at::Device& device, std::vector<StageReport>* reports)
+      : device_(device), reports_(reports), started_(std::chrono::steady_clock::now()) {
+    report_.name = std::move(name);
+    reset_peak_resident();
+    reset_peak_memory(device_);
+  }
+  ~StageTimer() {
+    synchronize(device_);
+    report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    report_.peak_resident_bytes = peak_resident();
+    report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
+    DP_INFO("stage ", report_.name, ": ", report_.seconds, " s, peak RSS ", report_.peak_resident_bytes / 1e6, " MB",
+            device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
+    reports_->push_back(report_);
+  }
+
+ private:
+  at::Device device_;
+  std::vector<StageReport>* reports_;
+  std::chrono::steady_clock::time_point started_;
+  StageReport report_;
+};
+
+at::Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
+  const int64_t b = static_cast<int64_t>(rows.size()), n = static_cast<int64_t>(rows.front().size());
+  at::Tensor ids = at::empty({b, n}, at::kLong);
+  for (int64_t i = 0; i < b; ++i) std::copy(rows[i].begin(), rows[i].end(), ids[i].data_ptr<int64_t>());
+  return ids;
+}
+
+// Each prompt's rows repeated num_images_per_prompt times in a row, as diffusers' repeat + view does.
+at::Tensor repeat_per_prompt(const at::Tensor& x, int n) { return x.repeat_interleave(n, 0); }
+
+}  // namespace
+
+void GenerateRequest::validate() const {
+  DP_CHECK(!prompts.empty(), "no prompt given");
+  DP_CHECK(num_images_per_prompt >= 1, "--num-images-per-prompt must be at least 1, got ", num_images_per_prompt);
+  DP_CHECK(steps >= 1, "--steps must be at least 1, got ", steps);
+  DP_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512,
+           "--max-sequence-length must be in [1, 512] (FluxPipeline's cap), got ", max_sequence_length);
+  latent_grid(height, width);  // validates multiples of 16
+}
+
+FluxPipeline::FluxPipeline(io::ModelFolder folder) : folder_(std::move(folder)) {}
+
+void FluxPipeline::check_components(bool decode) const {
+  std::vector<std::string> needed = {"tokenizer", "tokenizer_2", "text_encoder", "text_encoder_2", "transformer",
+                                     "scheduler"};
+  if (decode) needed.push_back("vae");
+  for (const auto& name : needed) folder_.component(name);  // throws naming what is missing
+  for (const auto& name : {"text_encoder", "text_encoder_2", "transformer"})
+    DP_CHECK(folder_.component(name).has_weights, folder_.component(name).path, ": component '", name,
+             "' has no safetensors weights");
+  if (decode)
+    DP_CHECK(folder_.component("vae").has_weights, folder_.component("vae").path, ": component 'vae' has no weights");
+}
+
+PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
+  c10::InferenceMode guard;
+  StageTimer timer("encode", request.device, &reports_);
+  PromptEmbeddings out;
+  {
+    const auto tokenizer = models::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
+    std::vector<std::vector<int64_t>> rows;
+    for (const auto& prompt : request.prompts) rows.push_back(tokenizer.encode_padded(prompt));
+    const auto clip = models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, request.device);
+    out.pooled = repeat_per_prompt(clip.forward(ids_tensor(rows).to(request.device)).pooled_output,
+                                   request.num_images_per_prompt);
+  }  // CLIP released here
+  {
+    const auto tokenizer = models::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
+    std::vector<std::vector<int64_t>> rows;
+    for (const auto& prompt : request.prompts) rows.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
+    const auto t5 = models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, request.device);
+    out.prompt_embeds = repeat_per_prompt(t5.forward(ids_tensor(rows).to(request.device)), request.num_images_per_prompt);
+  }  // T5 released here
+  out.text_ids = at::zeros({request.max_sequence_length, 3}, at::TensorOptions().device(request.device));
+  return out;
+}
+
+at::Tensor FluxPipeline::initial_latents(const GenerateRequest& request, const LatentGrid& grid) const {
+  c10::InferenceMode guard;
+  const auto config_path = folder_.component("transformer").path + "/config.json";
+  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+  DP_CHECK(config.in_channels % 4 == 0, config_path, ": in_channels ", config.in_channels,
+           " is not 4 x latent channels");
+  // diffusers draws on the CPU generator in the run dtype, then moves the result to the device.
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(request.seed);
+  const at::Tensor noise = at::randn({request.batch(), config.in_channels / 4, grid.height, grid.width}, generator,
+                                     at::TensorOptions().dtype(request.dtype));
+  return pack_latents(noise).to(request.device);
+}
+
+at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGrid& grid,
+                                 const PromptEmbeddings& prompts, at::Tensor latents,
+                                 const std::function<void(const StepProgress&)>& on_step) {
+  c10::InferenceMode guard;
+  StageTimer timer("denoise", request.device, &reports_);
+  const auto scheduler_dir = folder_.component("scheduler").path;
+  auto scheduler_config = models::FlowMatchSchedulerConfig::from_file(scheduler_dir + "/scheduler_config.json");
+  models::FlowMatchEulerScheduler scheduler(scheduler_config);
+  const double mu = models::flux_calculate_shift(latents.size(1), scheduler_config);
+  scheduler.set_timesteps_from_sigmas(models::flux_default_sigmas(request.steps), &mu);
+
+  const auto transformer =
+      models::FluxTransformer::load(folder_.component("transformer").path, request.dtype, request.device);
+  const auto& config = transformer.config();
+  at::Tensor guidance;
+  if (config.guidance_embeds)
+    guidance = at::full({latents.size(0)}, request.guidance, at::TensorOptions().dtype(at::kFloat).device(request.device));
+  const at::Tensor img_ids = latent_image_ids(grid).to(request.device);
+  const auto rope = transformer.rotary(prompts.text_ids, img_ids);
+  const at::Tensor text = transformer.embed_text(prompts.prompt_embeds);  // the same at every step
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < scheduler.num_inference_steps(); ++i) {
+    const float t = scheduler.timesteps()[static_cast<size_t>(i)];
+    // FluxPipeline passes t cast to the latent dtype, divided by 1000 in that dtype.
+    const at::Tensor timestep =
+        at::full({latents.size(0)}, t, at::TensorOptions().dtype(latents.scalar_type()).device(request.device)) / 1000;
+    models::FluxActivations state{transformer.embed_image(latents), text,
+                                  transformer.embed_time(timestep, guidance, prompts.pooled)};
+    transformer.run_blocks(state, rope, 0, config.num_blocks());
+    const at::Tensor noise_pred = transformer.head(state);
+    latents = scheduler.step(noise_pred, i, latents);
+    if (on_step) {
+      synchronize(request.device);
+      on_step({i + 1, scheduler.num_inference_steps(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
+    }
+  }
+  return latents;
+}
+
+at::Tensor FluxPipeline::decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents) {
+  c10::InferenceMode guard;
+  StageTimer timer("decode", request.device, &reports_);
+  const auto vae = models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device);
+  const at::Tensor z = vae.unscale_latents(unpack_latents(latents, grid));
+  const at::Tensor image = vae.decode(z);
+  // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.
+  const at::Tensor unit = (image / 2 + 0.5).clamp(0, 1);
+  return (unit.permute({0, 2, 3, 1}).to(at::kCPU, at::kFloat) * 255).round().to(at::kByte).contiguous();
+}
+
+}  // namespace dp::pipeline

@@ -1,0 +1,76 @@
+#pragma once
+// FluxPipeline.__call__ as diffusers runs it, split into the stages the runtime schedules separately:
+// encode prompts (CLIP + T5), draw latents, denoise with the transformer, decode with the VAE. Each stage
+// loads its components, runs, and releases them, so peak memory is the largest stage, not the sum.
+// One-process and multi-rank runs share this code; the runtime only replaces how denoise reaches the
+// transformer blocks.
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/model_folder.h"
+#include "pipeline/latent_layout.h"
+
+namespace dp::pipeline {
+
+struct GenerateRequest {
+  std::vector<std::string> prompts;
+  int num_images_per_prompt = 1;
+  int64_t height = 1024;
+  int64_t width = 1024;
+  int steps = 28;
+  double guidance = 3.5;
+  uint64_t seed = 0;
+  int max_sequence_length = 512;
+  at::ScalarType dtype = at::kBFloat16;
+  at::Device device = at::kCPU;
+  int64_t batch() const { return static_cast<int64_t>(prompts.size()) * num_images_per_prompt; }
+  void validate() const;  // throws naming the offending value
+};
+
+struct PromptEmbeddings {
+  at::Tensor prompt_embeds;  // (B * n, max_sequence_length, joint_attention_dim), T5 last hidden state
+  at::Tensor pooled;         // (B * n, pooled_projection_dim), CLIP pooled output
+  at::Tensor text_ids;       // (max_sequence_length, 3), zeros
+};
+
+struct StageReport {
+  std::string name;
+  double seconds = 0;
+  uint64_t peak_resident_bytes = 0;  // process peak RSS while the stage ran
+  uint64_t peak_device_bytes = 0;    // CUDA allocator peak, 0 on CPU
+};
+
+struct StepProgress {
+  int step = 0;  // 1-based
+  int steps = 0;
+  double elapsed_seconds = 0;
+};
+
+class FluxPipeline {
+ public:
+  explicit FluxPipeline(io::ModelFolder folder);
+
+  const io::ModelFolder& folder() const { return folder_; }
+  // Checks up front that every component and tokenizer file the request needs is present, so that a
+  // missing folder fails before minutes of work.
+  void check_components(bool decode) const;
+
+  PromptEmbeddings encode_prompts(const GenerateRequest& request);
+  // randn in the run dtype from a CPU generator seeded with request.seed, then packed: (B * n, seq, 4C).
+  at::Tensor initial_latents(const GenerateRequest& request, const LatentGrid& grid) const;
+  at::Tensor denoise(const GenerateRequest& request, const LatentGrid& grid, const PromptEmbeddings& prompts,
+                     at::Tensor latents, const std::function<void(const StepProgress&)>& on_step);
+  // Packed latents to 8-bit RGB images (B, H, W, 3), exactly as the PIL output of diffusers.
+  at::Tensor decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents);
+
+  const std::vector<StageReport>& reports() const { return reports_; }
+
+ private:
+  io::ModelFolder folder_;
+  std::vector<StageReport> reports_;
+};
+
+}  // namespace dp::pipeline
