@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "io/torch_tensors.h"
 #include "pipeline/random_model.h"
+#include "pipeline/tiny_pipeline.h"
 
 namespace dp::cli {
 namespace {
@@ -59,16 +60,40 @@ void make_folder(const MakeOptions& o, const models::FluxConfig& config) {
             << config.inner_dim() << ") in " << seconds << " s\n";
 }
 
+// The whole pipeline (tokenizers, text encoders, transformer, VAE, scheduler), loadable by diffusers too.
+void make_tiny_pipeline(const MakeOptions& o) {
+  prepare_output(o);
+  const auto started = std::chrono::steady_clock::now();
+  pipeline::TinyPipelineOptions options;
+  options.dtype = weights_dtype(o.dtype);
+  options.seed = o.seed;
+  const pipeline::TinyPipelineReport report = pipeline::write_tiny_pipeline(o.out, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  uint64_t total = 0;
+  std::cout << "wrote " << o.out << " (tiny FLUX pipeline, " << o.dtype << ", seed " << o.seed << "):\n";
+  for (const auto& part : report.parts) {
+    std::cout << "  " << part.name;
+    if (part.bytes > 0) std::cout << ": " << human_bytes(part.bytes);
+    std::cout << "\n";
+    total += part.bytes;
+  }
+  const auto& t = report.configs.transformer;
+  std::cout << "  transformer: " << t.num_layers << " double + " << t.num_single_layers << " single blocks, hidden "
+            << t.inner_dim() << "; CLIP vocab " << report.configs.clip.vocab_size << ", T5 vocab "
+            << report.configs.t5.vocab_size << "\n";
+  std::cout << "  total " << human_bytes(total) << " in " << seconds << " s\n";
+}
+
 CommandRegistrar tiny("make-tiny", 60, [](CLI::App& root) {
   auto o = std::make_shared<MakeOptions>();
   o->dtype = "fp32";
-  auto* cmd = root.add_subcommand("make-tiny", "Write a tiny random FLUX model folder in diffusers format (the demo's "
-                                               "and tests' model)");
+  auto* cmd = root.add_subcommand("make-tiny", "Write a complete tiny random FLUX pipeline folder in diffusers format "
+                                               "(tokenizers included; the demo's and tests' model)");
   cmd->add_option("--out", o->out, "output folder (created; must be empty unless --force)")->required();
   cmd->add_option("--seed", o->seed, "seed of the random weights")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "stored dtype: fp32, bf16 or fp16")->capture_default_str();
   cmd->add_flag("--force", o->force, "write into a non-empty folder");
-  cmd->callback([o] { make_folder(*o, pipeline::tiny_flux_config()); });
+  cmd->callback([o] { make_tiny_pipeline(*o); });
 });
 
 CommandRegistrar random("make-random", 61, [](CLI::App& root) {
