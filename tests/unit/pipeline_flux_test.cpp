@@ -130,21 +130,23 @@ TEST(GenerateCommand, BadInputsFailClearly) {
     EXPECT_NE(result.exit_code, 0) << args;
     EXPECT_NE(result.output.find(message), std::string::npos) << args << "\n" << result.output;
   };
+  const std::string small = " --height 32 --width 32";
   const std::string base = "--model " + c.dir + "/pipe --prompt cat --steps 1 --out " + tmp + "/x.png";
-  expect_failure(base + " --height 100", "multiple of 16, got 100");
-  expect_failure(base + " --dtype fp8", "unknown dtype 'fp8'");
+  expect_failure(base + " --height 100 --width 32", "multiple of 16, got 100");
+  expect_failure(base + small + " --dtype fp8", "unknown dtype 'fp8'");
   dp::test::write_file(tmp + "/empty.txt", "\n  \n");
   expect_failure("--model " + c.dir + "/pipe --prompts-file " + tmp + "/empty.txt", "has no prompt");
   expect_failure("--model " + c.dir + "/pipe", "at least one --prompt");
   // A copy of the pipeline with a component folder and a tokenizer file missing.
   const auto broken = tmp + "/pipe";
   std::filesystem::copy(c.dir + "/pipe", broken, std::filesystem::copy_options::recursive);
-  std::filesystem::remove_all(broken + "/vae");
-  expect_failure("--model " + broken + " --prompt cat --steps 1 --out " + tmp + "/y.png", "vae");
+  dp::test::remove_tree(broken + "/vae");
+  expect_failure("--model " + broken + " --prompt cat --steps 1 --out " + tmp + "/y.png" + small, "vae");
   std::filesystem::copy(c.dir + "/pipe/vae", broken + "/vae", std::filesystem::copy_options::recursive);
-  for (const auto& entry : std::filesystem::directory_iterator(broken + "/tokenizer"))
-    if (entry.path().filename() == "vocab.json") std::filesystem::remove(entry.path());
-  expect_failure("--model " + broken + " --prompt cat --steps 1 --out " + tmp + "/z.png", "vocab.json");
+  // Every vocabulary file of the CLIP tokenizer gone (save_pretrained may have written vocab.json +
+  // merges.txt or tokenizer.json): the error must name the tokenizer folder.
+  for (const char* file : {"vocab.json", "merges.txt", "tokenizer.json"}) std::filesystem::remove(broken + "/tokenizer/" + file);
+  expect_failure("--model " + broken + " --prompt cat --steps 1 --out " + tmp + "/z.png" + small, "tokenizer");
   expect_failure("--model " + tmp + "/nowhere --prompt cat", "does not exist");
 }
 

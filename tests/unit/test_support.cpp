@@ -1,6 +1,8 @@
 #include "test_support.h"
 
 #include <gtest/gtest.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,26 +18,42 @@ namespace fs = std::filesystem;
 namespace dp::test {
 namespace {
 
-struct Cleanup {
-  std::vector<std::string> dirs;
-  ~Cleanup() {
-    if (std::getenv("DIFFPIPE_KEEP_TEST_DIRS") != nullptr) return;
-    for (const auto& d : dirs) {
-      std::error_code ignored;
-      fs::remove_all(d, ignored);
-    }
-  }
-};
-Cleanup cleanup;
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
 
-std::string required_env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    ADD_FAILURE() << name << " is not set; run the tests through ctest";
-    return {};
+}  // namespace
+
+// libtorch.so exports its own std::filesystem::remove_all, which crashes when called from here (it
+// resolves to a null function), so trees are removed with nftw instead.
+void remove_tree(const std::string& path) { ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+namespace {
+
+// Removes the temp dirs when the tests end, inside RUN_ALL_TESTS: at exit-handler time LibTorch's own copy
+// of std::filesystem may already be torn down, and calling it then crashes.
+class Cleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (std::getenv("DIFFPIPE_KEEP_TEST_DIRS") != nullptr) return;
+    for (const auto& d : dirs) remove_tree(d);
+    dirs.clear();
   }
-  return value;
+  std::vector<std::string> dirs;
+};
+Cleanup& cleanup = *static_cast<Cleanup*>(::testing::AddGlobalTestEnvironment(new Cleanup));
+
+std::string setting(const char* name, const char* built_in) {
+  const char* value = std::getenv(name);
+  if (value != nullptr && *value != '\0') return value;
+  if (built_in != nullptr && *built_in != '\0') return built_in;
+  ADD_FAILURE() << name << " is not set and no built-in location exists";
+  return {};
 }
+
+#ifndef DIFFPIPE_TEST_REFERENCE_DIR
+#define DIFFPIPE_TEST_REFERENCE_DIR ""
+#define DIFFPIPE_TEST_SOURCE_DIR ""
+#define DIFFPIPE_TEST_BINARY ""
+#endif
 
 }  // namespace
 
@@ -50,15 +68,15 @@ std::string temp_dir(const std::string& tag) {
 }
 
 std::string reference_dir() {
-  const std::string dir = required_env("DIFFPIPE_REFERENCE_DIR");
+  const std::string dir = setting("DIFFPIPE_REFERENCE_DIR", DIFFPIPE_TEST_REFERENCE_DIR);
   if (!dir.empty() && !fs::exists(fs::path(dir) / "DONE")) {
     ADD_FAILURE() << "oracle output missing in " << dir << ": the reference.generate test must run first";
   }
   return dir;
 }
 
-std::string source_dir() { return required_env("DIFFPIPE_SOURCE_DIR"); }
-std::string diffpipe_binary() { return required_env("DIFFPIPE_BINARY"); }
+std::string source_dir() { return setting("DIFFPIPE_SOURCE_DIR", DIFFPIPE_TEST_SOURCE_DIR); }
+std::string diffpipe_binary() { return setting("DIFFPIPE_BINARY", DIFFPIPE_TEST_BINARY); }
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -11,6 +11,8 @@ std::string reference_dir();
 std::string source_dir();
 // Path of the built `diffpipe` binary, for CLI tests.
 std::string diffpipe_binary();
+// Deletes a directory tree (std::filesystem::remove_all is unusable next to LibTorch, see the .cpp).
+void remove_tree(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
 std::string read_file(const std::string& path);
 
