@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# Sets up, writes a tiny random FLUX model, inspects it, and runs the transformer split into two stages
-# exactly as two pipeline ranks would split it, printing timings and the output summary.
+# Sets up, writes a tiny random FLUX pipeline (diffusers format, tokenizers included), plans it over two
+# devices, generates images from two prompts, and runs the transformer split into two stages exactly as
+# two pipeline ranks would split it. Every step prints what it did and how long it took.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${DIFFPIPE_BUILD:-$here/build}
 bash "$here/launch/setup.sh"
 bin="$build_dir/diffpipe"
-model=${DEMO_MODEL_DIR:-$build_dir/demo/tiny-flux}
+demo=${DEMO_DIR:-$build_dir/demo}
+model="$demo/tiny-flux"
 rm -rf "$model"
-echo "== make-tiny"
+mkdir -p "$demo"
+echo "== make-tiny: a complete tiny FLUX pipeline folder"
 "$bin" make-tiny --out "$model"
-echo "== inspect"
+echo "== inspect: what the folder holds (headers only)"
 "$bin" inspect --model "$model"
-echo "== forward, whole model"
-"$bin" forward --model "$model" --height 256 --width 256 --repeat 2
-echo "== forward, two stages: double blocks on one, single blocks on the other"
-"$bin" forward --model "$model" --height 256 --width 384 --stages 0:2,2:6 --repeat 2 --save "$build_dir/demo/forward.safetensors"
+echo "== plan: the transformer over two devices, time-balanced ('pipeline') next to accelerate's 'balanced'"
+"$bin" plan --model "$model" --device-map pipeline --world-size 2 --max-memory 0=1GB,1=1GB --height 256 --width 256
+echo "== generate: two prompts, two images each, PNGs and packed latents"
+"$bin" generate --model "$model" --prompt "a cat sipping a margarita in a pool" --prompt "a lighthouse at dusk" \
+  --num-images-per-prompt 2 --height 128 --width 192 --steps 4 --seed 42 --dtype fp32 --out "$demo/cat.png"
+"$bin" generate --model "$model" --prompt "a cat sipping a margarita in a pool" --height 128 --width 192 \
+  --steps 4 --seed 42 --dtype fp32 --output-type latent --out "$demo/cat-latents.h5"
+echo "== forward: the transformer split into two stages, as two ranks would run it"
+"$bin" forward --model "$model" --height 256 --width 384 --stages 0:2,2:6 --repeat 2
+echo "demo outputs in $demo"
