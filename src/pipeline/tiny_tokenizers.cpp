@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "models/tokenizer_unicode.h"
 #include "pipeline/tiny_components.h"
 
 namespace fs = std::filesystem;
@@ -46,18 +47,6 @@ std::vector<std::string> word_list() {
   return words;
 }
 
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
 
 // GPT-2's byte-to-unicode table, which CLIP uses: printable Latin-1 bytes stand for themselves, the others
 // map to U+0100, U+0101, ... in byte order. Symbols are listed in byte order, as CLIP's vocab.json has them.
@@ -65,7 +54,7 @@ std::vector<std::string> byte_symbols() {
   auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
   std::vector<std::string> symbols(256);
   char32_t next = 256;
-  for (int b = 0; b < 256; ++b) append_utf8(printable(b) ? static_cast<char32_t>(b) : next++, symbols[b]);
+  for (int b = 0; b < 256; ++b) models::unicode::append_utf8(printable(b) ? static_cast<char32_t>(b) : next++, symbols[b]);
   return symbols;
 }
 
