@@ -6,6 +6,7 @@ written by `diffpipe make-random`, see the same input shapes, and are timed in t
 synchronisation. Prints a table and writes JSON. Timings never pass or fail anything."""
 import argparse
 import json
+import os
 import pathlib
 import re
 import statistics
@@ -24,12 +25,13 @@ def step_tflop(batch: int, size: int, text_len: int = 512) -> float:
     return 57 * MATMUL_TFLOPS_PER_BLOCK_1024 * batch * tokens / 4608
 
 
-def run_diffpipe(binary: str, model: str, batch: int, size: int, repeat: int, graph: bool) -> dict:
+def run_diffpipe(binary: str, model: str, batch: int, size: int, repeat: int, graph: bool, fused: bool = True) -> dict:
     cmd = [binary, "forward", "--model", model, "--device", "cuda", "--dtype", "bf16", "--height", str(size),
            "--width", str(size), "--text-len", "512", "--batch", str(batch), "--repeat", str(repeat), "--warmup", "2"]
     if graph:
         cmd.append("--cuda-graph")
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ, DIFFPIPE_FUSED_KERNELS="1" if fused else "0")
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         return {"error": (result.stdout + result.stderr)[-2000:]}
     runs = [float(m) for m in re.findall(r"^run \d+/\d+: ([0-9.]+) ms", result.stderr, re.M)]
@@ -89,6 +91,9 @@ def main() -> int:
         if args.only != "diffusers":
             row["diffpipe"] = run_diffpipe(args.diffpipe, args.model, batch, size, args.repeat, graph=False)
             row["diffpipe_graph"] = run_diffpipe(args.diffpipe, args.model, batch, size, args.repeat, graph=True)
+            if (batch, size) == cases[0]:  # A/B of the fused kernels on the target shape
+                row["diffpipe_unfused"] = run_diffpipe(args.diffpipe, args.model, batch, size, args.repeat,
+                                                       graph=False, fused=False)
             print(json.dumps(row), flush=True)
         results.append(row)
     if args.only != "diffpipe":
@@ -106,7 +111,7 @@ def main() -> int:
     print(f"\n{'case':<16}{'variant':<20}{'ms/step':>10}{'% of roof':>11}{'peak GB':>9}")
     for row in results:
         floor_ms = row["tflop"] / roof_tflops * 1000
-        for variant in ("diffpipe", "diffpipe_graph", "diffusers_eager", "diffusers_compiled"):
+        for variant in ("diffpipe_unfused", "diffpipe", "diffpipe_graph", "diffusers_eager", "diffusers_compiled"):
             r = row.get(variant)
             if not r:
                 continue

@@ -1,9 +1,9 @@
 #include "models/flux_blocks.h"
 
+#include "models/flux_fused.h"
+
 namespace dp::models::flux {
 namespace {
-
-at::Tensor heads(const at::Tensor& x, int64_t head_dim) { return x.unflatten(-1, {-1, head_dim}); }
 
 at::Tensor clip_if_half(const at::Tensor& x) {
   return x.scalar_type() == at::kHalf ? x.clip(-65504, 65504) : x;
@@ -63,30 +63,23 @@ void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   const at::Tensor act = at::silu(temb);
   const auto mod = norm1(act).chunk(6, 1);  // shift, scale, gate for attention, then for the MLP
   const auto cmod = norm1_context(act).chunk(6, 1);
-  const at::Tensor norm_image = modulate(layer_norm(image), mod[0], mod[1]);
-  const at::Tensor norm_text = modulate(layer_norm(text), cmod[0], cmod[1]);
+  const at::Tensor norm_image = layer_norm_modulate(image, mod[0], mod[1]);
+  const at::Tensor norm_text = layer_norm_modulate(text, cmod[0], cmod[1]);
 
-  const auto image_qkv = attn.qkv(norm_image).chunk(3, -1);
-  const auto text_qkv = attn.added_qkv(norm_text).chunk(3, -1);
-  at::Tensor q = rms_norm(heads(image_qkv[0], head_dim), attn.norm_q);
-  at::Tensor k = rms_norm(heads(image_qkv[1], head_dim), attn.norm_k);
-  at::Tensor v = heads(image_qkv[2], head_dim);
-  const at::Tensor cq = rms_norm(heads(text_qkv[0], head_dim), attn.norm_added_q);
-  const at::Tensor ck = rms_norm(heads(text_qkv[1], head_dim), attn.norm_added_k);
-  const at::Tensor cv = heads(text_qkv[2], head_dim);
-  q = apply_rotary(at::cat({cq, q}, 1), rope);
-  k = apply_rotary(at::cat({ck, k}, 1), rope);
-  v = at::cat({cv, v}, 1);
-  const at::Tensor joint = attention(q, k, v);
+  // Joint attention runs over [text, image]: each stream's projection fills its own rows.
   const int64_t text_len = text.size(1);
+  AttentionInputs joint_in = empty_attention_inputs(image.size(0), text_len + image.size(1),
+                                                    norm_image.size(-1) / head_dim, head_dim, norm_image.options());
+  fill_attention_inputs(attn.added_qkv(norm_text), attn.norm_added_q, attn.norm_added_k, rope, 0, joint_in);
+  fill_attention_inputs(attn.qkv(norm_image), attn.norm_q, attn.norm_k, rope, text_len, joint_in);
+  const at::Tensor joint = attention(joint_in.q, joint_in.k, joint_in.v);
   const at::Tensor text_attn = attn.to_add_out(joint.slice(1, 0, text_len).contiguous());
   const at::Tensor image_attn = attn.to_out(joint.slice(1, text_len).contiguous());
 
-  image = image + mod[2].unsqueeze(1) * image_attn;
-  image = image + mod[5].unsqueeze(1) * feed_forward(ff_in, ff_out, modulate(layer_norm(image), mod[3], mod[4]));
-  text = text + cmod[2].unsqueeze(1) * text_attn;
-  text = text + cmod[5].unsqueeze(1) *
-                    feed_forward(ff_context_in, ff_context_out, modulate(layer_norm(text), cmod[3], cmod[4]));
+  image = add_gated(image, mod[2], image_attn);
+  image = add_gated(image, mod[5], feed_forward(ff_in, ff_out, layer_norm_modulate(image, mod[3], mod[4])));
+  text = add_gated(text, cmod[2], text_attn);
+  text = add_gated(text, cmod[5], feed_forward(ff_context_in, ff_context_out, layer_norm_modulate(text, cmod[3], cmod[4])));
   text = clip_if_half(text);
 }
 
@@ -106,15 +99,18 @@ void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   const int64_t text_len = text.size(1);
   const at::Tensor residual = at::cat({text, image}, 1);
   const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
-  const at::Tensor normed = modulate(layer_norm(residual), mod[0], mod[1]);
+  const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
   const int64_t dim = normed.size(-1);
-  const auto projected = attn.qkv(normed).split_with_sizes({dim, dim, dim, attn.qkv.weight.size(0) - 3 * dim}, -1);
-  const at::Tensor mlp = at::gelu(projected[3], "tanh");
-  const at::Tensor q = apply_rotary(rms_norm(heads(projected[0], head_dim), attn.norm_q), rope);
-  const at::Tensor k = apply_rotary(rms_norm(heads(projected[1], head_dim), attn.norm_k), rope);
-  const at::Tensor v = heads(projected[2], head_dim);
-  const at::Tensor attn_out = attention(q, k, v);
-  const at::Tensor joint = clip_if_half(residual + mod[2].unsqueeze(1) * proj_out(at::cat({attn_out, mlp}, 2)));
+  const at::Tensor projected = attn.qkv(normed);  // q | k | v | mlp
+  const int64_t mlp_dim = projected.size(-1) - 3 * dim;
+  AttentionInputs attention_in =
+      empty_attention_inputs(normed.size(0), normed.size(1), dim / head_dim, head_dim, normed.options());
+  fill_attention_inputs(projected, attn.norm_q, attn.norm_k, rope, 0, attention_in);
+  // proj_out reads [attention, gelu(mlp)]: both are written straight into one buffer instead of concatenated.
+  const at::Tensor mixed = at::empty({normed.size(0), normed.size(1), dim + mlp_dim}, normed.options());
+  gelu_tanh_into(projected.narrow(-1, 3 * dim, mlp_dim), mixed.narrow(-1, dim, mlp_dim));
+  mixed.narrow(-1, 0, dim).copy_(attention(attention_in.q, attention_in.k, attention_in.v));
+  const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], proj_out(mixed)));
   text = joint.slice(1, 0, text_len);
   image = joint.slice(1, text_len);
 }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/flux_fused.h"
 #include "models/flux_layers.h"
 
 namespace dp::models {
@@ -120,7 +121,7 @@ void FluxTransformer::run_blocks(FluxActivations& state, const flux::RotaryTable
 at::Tensor FluxTransformer::head(const FluxActivations& state) const {
   require(parts_.head, "the output head");
   const auto mod = norm_out_(at::silu(state.temb).to(dtype_)).chunk(2, 1);  // AdaLayerNormContinuous: scale, shift
-  const at::Tensor normed = flux::modulate(flux::layer_norm(state.image), mod[1], mod[0]);
+  const at::Tensor normed = flux::layer_norm_modulate(state.image, mod[1], mod[0]);
   return proj_out_(normed);
 }
 
