@@ -128,20 +128,19 @@ class FusedCuda : public ::testing::TestWithParam<at::ScalarType> {
     return {fused, reference};
   }
 
-  // One rounding of the storage type on either side: |a - b| <= 2 ulp(|b|) plus a floor for values near zero,
-  // and at most 2% of the elements may differ at all (a wrong formula changes nearly all of them).
+  // The two paths reduce in different orders, so an intermediate rounding can flip: allow two ulps of the
+  // storage type at the tensor's scale. In 16-bit types at most 2% of the elements may differ at all (a wrong
+  // formula changes nearly all of them); fp32 differs in its last bit almost everywhere, so only the bound holds.
   void expect_close(const at::Tensor& fused, const at::Tensor& reference, const char* what) {
     const at::ScalarType dtype = GetParam();
-    const double ulp = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 1e-6;
+    const double ulp = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / (1 << 23);
     const double scale = reference.abs().max().item<double>();
-    const at::Tensor diff = (fused - reference).abs();
-    const at::Tensor allowed = reference.abs() * (2 * ulp) + scale * ulp * 1e-2;
-    const int64_t over = (diff > allowed).sum().item<int64_t>();
-    const double differing = (diff > 0).to(at::kDouble).mean().item<double>();
-    std::cout << what << " " << dtype << ": max difference " << diff.max().item<double>() << " (scale " << scale
-              << "), " << differing * 100 << "% of elements differ\n";
-    EXPECT_EQ(over, 0) << what;
-    EXPECT_LE(differing, 0.02) << what;
+    const double max_difference = (fused - reference).abs().max().item<double>();
+    const double differing = ((fused - reference).abs() > 0).to(at::kDouble).mean().item<double>();
+    std::cout << what << " " << dtype << ": max difference " << max_difference << " (scale " << scale << "), "
+              << differing * 100 << "% of elements differ\n";
+    EXPECT_LE(max_difference, 2 * ulp * scale) << what;
+    if (dtype != at::kFloat) EXPECT_LE(differing, 0.02) << what;
   }
 };
 
