@@ -43,6 +43,22 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& doc, const std::s
   return c;
 }
 
+ClipTextConfig ClipTextConfig::clip_vit_l14() {
+  ClipTextConfig c;
+  c.vocab_size = 49408;
+  c.hidden_size = 768;
+  c.intermediate_size = 3072;
+  c.num_hidden_layers = 12;
+  c.num_attention_heads = 12;
+  c.max_position_embeddings = 77;
+  c.hidden_act = "quick_gelu";
+  c.layer_norm_eps = 1e-5;
+  c.bos_token_id = 0;
+  c.eos_token_id = 2;
+  c.pad_token_id = 1;
+  return c;
+}
+
 ClipTextModel::LayerNorm ClipTextModel::LayerNorm::load(const ModuleWeights& w, const std::string& name,
                                                         int64_t dim, double eps) {
   const ModuleWeights scope = w.child(name);

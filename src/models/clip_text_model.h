@@ -33,6 +33,9 @@ struct ClipTextConfig {
   bool pools_at_largest_id() const { return eos_token_id == 2; }
 
   static ClipTextConfig from_json(const nlohmann::json& config, const std::string& source);
+  // openai/clip-vit-large-patch14's text model, FLUX.1-dev's text_encoder, with its config's token ids
+  // (bos 0, eos 2 legacy pooling, pad 1).
+  static ClipTextConfig clip_vit_l14();
 };
 
 class ClipTextModel {

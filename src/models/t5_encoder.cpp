@@ -63,6 +63,25 @@ T5Config T5Config::from_json(const nlohmann::json& doc, const std::string& sourc
   return c;
 }
 
+T5Config T5Config::t5_v1_1_xxl() {
+  T5Config c;
+  c.vocab_size = 32128;
+  c.d_model = 4096;
+  c.d_kv = 64;
+  c.d_ff = 10240;
+  c.num_layers = 24;
+  c.num_heads = 64;
+  c.relative_attention_num_buckets = 32;
+  c.relative_attention_max_distance = 128;
+  c.layer_norm_epsilon = 1e-6;
+  c.feed_forward_proj = "gated-gelu";
+  c.dense_act_fn = "gelu_new";
+  c.is_gated_act = true;
+  c.pad_token_id = 0;
+  c.eos_token_id = 1;
+  return c;
+}
+
 at::Tensor T5Encoder::LayerNorm::operator()(const at::Tensor& x) const {
   // Root mean square only (no mean, no bias), accumulated in fp32 whatever the input dtype; the product
   // stays fp32 and is rounded to the weight's dtype only for half-precision weights.

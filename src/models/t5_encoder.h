@@ -36,6 +36,8 @@ struct T5Config {
   int64_t inner_dim() const { return num_heads * d_kv; }
 
   static T5Config from_json(const nlohmann::json& config, const std::string& source);
+  // google/t5-v1_1-xxl's encoder, FLUX.1-dev's text_encoder_2.
+  static T5Config t5_v1_1_xxl();
 };
 
 class T5Encoder {

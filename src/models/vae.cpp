@@ -65,6 +65,27 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& doc, const std::string& sou
   return c;
 }
 
+VaeConfig VaeConfig::flux() {
+  VaeConfig c;
+  c.in_channels = 3;
+  c.out_channels = 3;
+  c.down_block_types.assign(4, "DownEncoderBlock2D");
+  c.up_block_types.assign(4, "UpDecoderBlock2D");
+  c.block_out_channels = {128, 256, 512, 512};
+  c.layers_per_block = 2;
+  c.act_fn = "silu";
+  c.latent_channels = 16;
+  c.norm_num_groups = 32;
+  c.sample_size = 1024;
+  c.scaling_factor = 0.3611;
+  c.shift_factor = 0.1159;
+  c.force_upcast = true;
+  c.use_quant_conv = false;
+  c.use_post_quant_conv = false;
+  c.mid_block_add_attention = true;
+  return c;
+}
+
 AutoencoderKL AutoencoderKL::load(const std::string& dir, at::ScalarType dtype, at::Device device, bool with_encoder) {
   DP_CHECK(std::filesystem::is_directory(dir), dir, ": VAE folder not found");
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();

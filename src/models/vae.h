@@ -37,6 +37,8 @@ struct VaeConfig {
   int64_t spatial_scale() const { return int64_t{1} << (block_out_channels.size() - 1); }
 
   static VaeConfig from_json(const nlohmann::json& config, const std::string& source);
+  // FLUX.1-dev's (and schnell's) vae: 16 latent channels, four levels, no quant convolutions.
+  static VaeConfig flux();
 };
 
 struct VaeDecoder;  // vae_blocks.h
