@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/format.h"
@@ -18,7 +19,7 @@ namespace dp::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompts_file, out = "out.png", output_type = "png", dtype = "bf16", device = "cpu";
+  std::string model, prompts_file, report_json, out = "out.png", output_type = "png", dtype = "bf16", device = "cpu";
   std::vector<std::string> prompts;
   int num_images_per_prompt = 1, steps = 28, max_sequence_length = 512;
   int64_t height = 1024, width = 1024;
@@ -38,6 +39,33 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   }
   DP_CHECK(!prompts.empty(), path, ": prompts file has no prompt (one prompt a line; blank lines are skipped)");
   return prompts;
+}
+
+// --report-json: the stage reports and the denoising loop's step times, for benchmark scripts.
+void write_report_json(const GenerateOptions& o, const pipeline::GenerateRequest& request,
+                       const std::vector<pipeline::StageReport>& stages, const std::vector<double>& step_ends,
+                       double total_seconds) {
+  nlohmann::json doc = {{"model", o.model},
+                        {"device", o.device},
+                        {"dtype", o.dtype},
+                        {"height", request.height},
+                        {"width", request.width},
+                        {"steps", request.steps},
+                        {"batch", request.batch()},
+                        {"total_seconds", total_seconds},
+                        {"stages", nlohmann::json::array()}};
+  for (const auto& s : stages)
+    doc["stages"].push_back({{"name", s.name},
+                             {"seconds", s.seconds},
+                             {"peak_resident_bytes", s.peak_resident_bytes},
+                             {"peak_device_bytes", s.peak_device_bytes}});
+  // Seconds from the first step's start to each step's end (device synchronised): the loop without the
+  // transformer's loading, which the denoise stage includes.
+  doc["step_end_seconds"] = step_ends;
+  doc["denoise_loop_seconds"] = step_ends.empty() ? 0.0 : step_ends.back();
+  std::ofstream file(o.report_json);
+  file << doc.dump(2) << "\n";
+  DP_CHECK(file.good(), o.report_json, ": cannot write the --report-json file");
 }
 
 // out.png -> out-0.png, out-1.png ... when there are several images, in diffusers' order.
@@ -72,6 +100,9 @@ void run_generate(const GenerateOptions& o) {
   const auto out_dir = std::filesystem::path(o.out).parent_path();
   DP_CHECK(out_dir.empty() || std::filesystem::is_directory(out_dir), "--out: folder ", out_dir.string(),
            " does not exist");
+  const auto report_dir = std::filesystem::path(o.report_json).parent_path();
+  DP_CHECK(report_dir.empty() || std::filesystem::is_directory(report_dir), "--report-json: folder ",
+           report_dir.string(), " does not exist");
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
@@ -82,7 +113,9 @@ void run_generate(const GenerateOptions& o) {
   const auto started = std::chrono::steady_clock::now();
   const auto prompts = flux.encode_prompts(request);
   at::Tensor latents = flux.initial_latents(request, grid);
-  latents = flux.denoise(request, grid, prompts, latents, [](const pipeline::StepProgress& p) {
+  std::vector<double> step_ends;
+  latents = flux.denoise(request, grid, prompts, latents, [&step_ends](const pipeline::StepProgress& p) {
+    step_ends.push_back(p.elapsed_seconds);
     const double per_step = p.elapsed_seconds / p.step;
     DP_INFO("step ", p.step, "/", p.steps, ": ", std::fixed, std::setprecision(2), per_step * 1000, " ms/step, ",
             p.elapsed_seconds, " s elapsed, ", per_step * (p.steps - p.step), " s left");
@@ -121,6 +154,10 @@ void run_generate(const GenerateOptions& o) {
     std::cout << "\n";
   }
   for (const auto& path : written) std::cout << "wrote " << path << "\n";
+  if (!o.report_json.empty()) {
+    write_report_json(o, request, flux.reports(), step_ends, total);
+    std::cout << "wrote " << o.report_json << "\n";
+  }
 }
 
 CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
@@ -147,6 +184,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--output-type", o->output_type,
                   "png, or latent: packed latents (B, seq, 64) float32 in an HDF5 file, dataset 'latents'")
       ->capture_default_str();
+  cmd->add_option("--report-json", o->report_json,
+                  "also write the per-stage times and peak memory and the step times as JSON to this file");
   cmd->callback([o] { run_generate(*o); });
 });
 
