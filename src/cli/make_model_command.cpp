@@ -2,6 +2,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 
 #include "cli/command.h"
@@ -10,6 +11,7 @@
 #include "core/log.h"
 #include "io/torch_tensors.h"
 #include "pipeline/random_model.h"
+#include "pipeline/random_pipeline.h"
 #include "pipeline/tiny_pipeline.h"
 
 namespace dp::cli {
@@ -21,6 +23,8 @@ struct MakeOptions {
   std::string dtype = "bf16";
   uint64_t seed = 0;
   bool force = false;
+  bool pipeline = false;  // make-random: the whole FluxPipeline, not only the transformer
+  bool sparse = false;    // make-random: headers only, data left as holes
 };
 
 io::DType weights_dtype(const std::string& name) {
@@ -52,12 +56,42 @@ void make_folder(const MakeOptions& o, const models::FluxConfig& config) {
   pipeline::RandomWriteOptions write;
   write.dtype = weights_dtype(o.dtype);
   write.seed = o.seed;
+  write.sparse = o.sparse;
   const uint64_t bytes = pipeline::write_random_component(o.out, pipeline::flux_transformer_component(config), write);
   write_model_index(o.out, {{"transformer", "FluxTransformer2DModel"}});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "wrote " << o.out << ": transformer " << human_bytes(bytes) << " (" << o.dtype << ", "
             << config.num_layers << " double + " << config.num_single_layers << " single blocks, hidden "
             << config.inner_dim() << ") in " << seconds << " s\n";
+}
+
+// The whole pipeline at full size: each part is reported as soon as it is written (T5-XXL and the
+// transformer take a while).
+void make_random_pipeline(const MakeOptions& o) {
+  prepare_output(o);
+  const auto started = std::chrono::steady_clock::now();
+  pipeline::RandomPipelineOptions options;
+  options.arch = pipeline::parse_flux_arch(o.arch);
+  options.dtype = weights_dtype(o.dtype);
+  options.seed = o.seed;
+  options.sparse = o.sparse;
+  std::cout << "writing " << o.out << " (" << o.arch << " pipeline, " << o.dtype << ", seed " << o.seed
+            << (o.sparse ? ", sparse: headers only" : "") << "):" << std::endl;
+  uint64_t total_bytes = 0, total_parameters = 0;
+  pipeline::write_random_pipeline(o.out, options, [&](const pipeline::WrittenComponent& part) {
+    std::cout << "  " << std::left << std::setw(15) << part.name << std::right;
+    if (part.parameters > 0) {
+      std::cout << std::setw(15) << part.parameters << " parameters (" << human_count(part.parameters) << "), "
+                << human_bytes(part.bytes) << ", " << std::fixed << std::setprecision(1) << part.seconds << " s";
+      if (!o.sparse && part.seconds > 0) std::cout << " (" << human_bytes(part.bytes / part.seconds) << "/s)";
+    }
+    std::cout << std::endl;
+    total_bytes += part.bytes;
+    total_parameters += part.parameters;
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::cout << "  total " << total_parameters << " parameters (" << human_count(total_parameters) << "), "
+            << human_bytes(total_bytes) << " in " << std::fixed << std::setprecision(1) << seconds << " s\n";
 }
 
 // The whole pipeline (tokenizers, text encoders, transformer, VAE, scheduler), loadable by diffusers too.
@@ -101,14 +135,21 @@ CommandRegistrar random("make-random", 61, [](CLI::App& root) {
   auto* cmd = root.add_subcommand("make-random", "Write a full-size FLUX architecture with random weights (for "
                                                  "benchmarks; FLUX.1-dev is 23.8 GB in bf16)");
   cmd->add_option("--out", o->out, "output folder (created; must be empty unless --force)")->required();
-  cmd->add_option("--arch", o->arch, "flux-dev or flux-schnell")->capture_default_str();
+  cmd->add_option("--arch", o->arch, "flux-dev or flux-schnell (no guidance embedding)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the random weights")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "stored dtype: fp32, bf16 or fp16")->capture_default_str();
   cmd->add_flag("--force", o->force, "write into a non-empty folder");
+  cmd->add_flag("--pipeline", o->pipeline,
+                "the whole FluxPipeline at full size: CLIP ViT-L/14 text encoder, T5 v1.1 XXL encoder, transformer, "
+                "VAE, scheduler and make-tiny's tokenizers (33.7 GB in bf16)");
+  cmd->add_flag("--sparse", o->sparse,
+                "write safetensors headers only and leave the data as holes (instant; for plan/inspect tests, "
+                "weights read as zeros)");
   cmd->callback([o] {
+    const pipeline::FluxArch arch = pipeline::parse_flux_arch(o->arch);
+    if (o->pipeline) return make_random_pipeline(*o);
     models::FluxConfig config = models::FluxConfig::flux_dev();
-    if (o->arch == "flux-schnell") config.guidance_embeds = false;
-    else DP_CHECK(o->arch == "flux-dev", "--arch: unknown architecture '", o->arch, "' (expected flux-dev or flux-schnell)");
+    config.guidance_embeds = arch == pipeline::FluxArch::dev;
     make_folder(*o, config);
   });
 });

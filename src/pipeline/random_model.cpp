@@ -119,9 +119,12 @@ uint64_t write_random_component(const std::string& root, const RandomComponent& 
       writer.add(component.parameters[i].name, options.dtype, component.parameters[i].shape);
       weight_map[component.parameters[i].name] = file;
     }
-    writer.write((dir / file).string(), [&](size_t local, void* out, uint64_t) {
-      fill_tensor(component.parameters[shards[s][local]], options.dtype, options.seed, out, threads);
-    });
+    writer.write(
+        (dir / file).string(),
+        [&](size_t local, void* out, uint64_t) {
+          fill_tensor(component.parameters[shards[s][local]], options.dtype, options.seed, out, threads);
+        },
+        options.sparse);
     DP_INFO("wrote ", (dir / file).string(), " (", writer.data_bytes(), " bytes)");
   }
   if (shards.size() > 1) {

@@ -24,6 +24,9 @@ struct RandomWriteOptions {
   uint64_t seed = 0;
   uint64_t max_shard_bytes = 10'000'000'000;  // diffusers' default shard size is 10 GB for transformers
   unsigned threads = 0;                        // 0: hardware concurrency
+  // Headers only: the data region is left as a hole (full-size folders for planning and CLI tests, written
+  // in milliseconds; loaders read zeros).
+  bool sparse = false;
 };
 
 // Writes dir/<name>/{config, weights}. Weights get uniform values scaled by 1/sqrt(fan_in); 1-D "weight"
