@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: the whole FLUX.1-dev pipeline at full size with random weights (T5-XXL + CLIP
+# encode, 28 steps at 1024x1024, VAE decode, bf16), `diffpipe generate` against diffusers' FluxPipeline on
+# the same folder, time and peak memory per phase. Results (JSON, logs, both images) go to $OUT.
+#   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
+#   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
+# Expects the diffusers wheel in .whl/ (carry it: the GPU image has no diffusers; see bench/RESULTS.md).
+# The folder (33.7 GB) is written once per machine with `make-random --pipeline`.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$here/build-gpu/out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+started=$(date +%s)
+elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
+if ls "$here"/.whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$here"/.whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > "$out/build.log" 2>&1
+cat "$out/build.log"
+TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+cmake -S "$here" -B "$here/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
+  -DDIFFPIPE_PYTHON="$(command -v python3)" >> "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+ninja -C "$here/build-gpu" diffpipe_cli >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+elapsed "built diffpipe_cli"
+
+model=${MODEL:-/tmp/flux-dev-pipeline}
+if [ ! -f "$model/model_index.json" ]; then  # model_index.json is written last: its presence means complete
+  "$here/build-gpu/diffpipe" make-random --pipeline --arch flux-dev --dtype bf16 --force --out "$model" 2>&1 \
+    | grep -v "\[info\]" | tee "$out/make.log"
+  [ -f "$model/model_index.json" ] || { echo "make-random --pipeline failed"; exit 1; }
+  elapsed "wrote $model"
+fi
+
+side=${PIPE_SIDE:-all}
+python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$here/build-gpu/diffpipe" --model "$model" \
+  --json "$out/pipeline-$side.json" ${PIPE_SIDE:+--only $PIPE_SIDE} "$@" 2>&1 | tee "$out/pipeline-$side.log"
+status=${PIPESTATUS[0]}
+elapsed "benchmark finished (exit $status)"
+exit "$status"

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Whole-pipeline benchmark: `diffpipe generate` against diffusers' FluxPipeline on the same folder, prompt,
+seed and size, time and peak memory per phase (encode, denoise, decode), and ms per denoising step.
+
+diffpipe runs first, in its own process, and reports its stages through --report-json; each of its stages
+loads its own components (staged loading), so its stage times include reading weights. diffusers then runs
+in this process: from_pretrained(...).to(device) is timed as its own "load" row, then encode_prompt, the
+pipeline call on the prompt embeddings with output_type="latent" (the denoising loop), and vae.decode of the
+unpacked, unscaled latents, with a device synchronisation around each phase and the peak counter reset per
+phase (CUDA: max_memory_allocated; CPU: peak RSS). Timings never pass or fail anything.
+
+    python3 bench/pipeline_gpu_generate.py --diffpipe build-gpu/diffpipe --model /tmp/flux-dev-pipeline \\
+        --json out.json
+    # CPU smoke check on a make-tiny folder:
+    python3 bench/pipeline_gpu_generate.py --diffpipe build/diffpipe --model /tmp/tiny --json /tmp/b.json \\
+        --device cpu --dtype fp32 --height 128 --width 128 --steps 3 --max-sequence-length 64
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+GB = 1e9
+PROMPT = "a photo of a red fox in the snow, golden hour"
+
+
+def reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM, as diffpipe's stages do
+        f.write("5")
+
+
+def peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def folder_weight_bytes(model: str) -> dict:
+    """Bytes of the safetensors files of each component (apparent sizes, headers included)."""
+    sizes = {}
+    for component in sorted(pathlib.Path(model).iterdir()):
+        files = list(component.glob("*.safetensors")) if component.is_dir() else []
+        if files:
+            sizes[component.name] = sum(f.stat().st_size for f in files)
+    return sizes
+
+
+def step_ms(step_ends: list) -> float:
+    """Median interval between step ends from the second step on (the first includes warm-up)."""
+    gaps = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    return 1000 * statistics.median(gaps) if gaps else 1000 * step_ends[0] if step_ends else float("nan")
+
+
+def run_diffpipe(args, work: pathlib.Path) -> dict:
+    report_path, log_path = work / "diffpipe-report.json", work / "diffpipe.log"
+    command = [args.diffpipe, "generate", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
+               "--steps", str(args.steps), "--height", str(args.height), "--width", str(args.width), "--prompt",
+               args.prompt, "--seed", str(args.seed), "--guidance", str(args.guidance), "--max-sequence-length",
+               str(args.max_sequence_length), "--out", str(work / "diffpipe.png"), "--report-json", str(report_path)]
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.stderr.write(log_path.read_text()[-4000:])
+        raise SystemExit(f"diffpipe generate failed ({done.returncode}); log: {log_path}")
+    report = json.loads(report_path.read_text())
+    report["process_wall_seconds"] = wall
+    report["command"] = command
+    key = "peak_device_bytes" if args.device == "cuda" else "peak_resident_bytes"
+    report["phases"] = {s["name"]: {"seconds": s["seconds"], "peak_bytes": s[key]} for s in report["stages"]}
+    report["phases"]["loop"] = {"seconds": report["denoise_loop_seconds"], "peak_bytes": None}
+    report["ms_per_step"] = step_ms(report["step_end_seconds"])
+    return report
+
+
+def run_diffusers(args, work: pathlib.Path) -> dict:
+    import diffusers
+    import torch
+    import transformers
+    from diffusers import FluxPipeline
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+
+    device = torch.device(args.device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    cuda = device.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    phases = {}
+
+    class Phase:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            sync()
+            torch.cuda.reset_peak_memory_stats() if cuda else reset_peak_rss()
+            self.started = time.perf_counter()
+            return self
+
+        def __exit__(self, *exc):
+            sync()
+            peak = torch.cuda.max_memory_allocated() if cuda else peak_rss()
+            phases[self.name] = {"seconds": time.perf_counter() - self.started, "peak_bytes": peak}
+
+    with Phase("load"):
+        pipe = FluxPipeline.from_pretrained(args.model, dtype=dtype).to(device)  # `torch_dtype` is deprecated
+        pipe.set_progress_bar_config(disable=True)
+    resident = torch.cuda.memory_allocated() if cuda else None
+    step_ends = []
+    with torch.inference_mode():
+        with Phase("encode"):
+            prompt_embeds, pooled, _ = pipe.encode_prompt(prompt=args.prompt, prompt_2=None, device=device,
+                                                          num_images_per_prompt=1,
+                                                          max_sequence_length=args.max_sequence_length)
+
+        def on_step_end(_pipe, _i, _t, kwargs):
+            sync()
+            step_ends.append(time.perf_counter())
+            return kwargs
+
+        with Phase("denoise") as denoise:
+            latents = pipe(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled, height=args.height,
+                           width=args.width, num_inference_steps=args.steps, guidance_scale=args.guidance,
+                           max_sequence_length=args.max_sequence_length,
+                           generator=torch.Generator("cpu").manual_seed(args.seed), output_type="latent",
+                           callback_on_step_end=on_step_end).images
+        # The loop alone: from the call's start (latents, timesteps) to the last step's end.
+        phases["loop"] = {"seconds": step_ends[-1] - denoise.started, "peak_bytes": None}
+        with Phase("decode"):
+            z = pipe._unpack_latents(latents, args.height, args.width, pipe.vae_scale_factor)
+            z = z / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+            image = pipe.vae.decode(z, return_dict=False)[0]
+            image = pipe.image_processor.postprocess(image, output_type="pil")[0]
+    image.save(work / "diffusers.png")
+    ends = [t - denoise.started for t in step_ends]
+    return {"phases": phases, "resident_weights_bytes": resident, "step_end_seconds": ends,
+            "ms_per_step": step_ms(ends), "torch": torch.__version__,
+            "diffusers": diffusers.__version__, "transformers": transformers.__version__}
+
+
+def psnr(a_path: pathlib.Path, b_path: pathlib.Path):
+    try:
+        import numpy as np
+        from PIL import Image
+    except ImportError:
+        return None
+    a = np.asarray(Image.open(a_path).convert("RGB"), dtype=np.float64)
+    b = np.asarray(Image.open(b_path).convert("RGB"), dtype=np.float64)
+    mse = float(((a - b) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+def fmt(value, spec):
+    """format(value, spec), or a dash of the same width for a missing value."""
+    if isinstance(value, (int, float)) and value == value:
+        return format(value, spec)
+    return "-".rjust(int(spec.split(".")[0] or 0))
+
+
+def print_table(args, ours, theirs, weights) -> list:
+    rows = []
+    for name, label in [("load", "load (diffusers only)"), ("encode", "encode (CLIP + T5)"),
+                        ("denoise", "denoise"), ("loop", "  denoising loop"), ("decode", "decode (VAE)")]:
+        a = (ours or {}).get("phases", {}).get(name, {})
+        b = (theirs or {}).get("phases", {}).get(name, {})
+        sa, sb = a.get("seconds"), b.get("seconds")
+        rows.append({"phase": name, "diffpipe_s": sa, "diffusers_s": sb,
+                     "ratio": sa / sb if sa is not None and sb else None,
+                     "diffpipe_peak_gb": a["peak_bytes"] / GB if a.get("peak_bytes") is not None else None,
+                     "diffusers_peak_gb": b["peak_bytes"] / GB if b.get("peak_bytes") is not None else None,
+                     "label": label})
+    total_a = sum(ours["phases"][p]["seconds"] for p in ("encode", "denoise", "decode")) if ours else None
+    total_b = sum(theirs["phases"][p]["seconds"] for p in ("load", "encode", "denoise", "decode")) if theirs else None
+    rows.append({"phase": "total", "label": "total (load included)", "diffpipe_s": total_a, "diffusers_s": total_b,
+                 "ratio": total_a / total_b if total_a and total_b else None,
+                 "diffpipe_peak_gb": max(r["diffpipe_peak_gb"] or 0 for r in rows) if ours else None,
+                 "diffusers_peak_gb": max(r["diffusers_peak_gb"] or 0 for r in rows) if theirs else None})
+    memory = "peak allocated" if args.device == "cuda" else "peak RSS"
+    print(f"\nFluxPipeline {args.width}x{args.height}, {args.steps} steps, {args.dtype} on {args.device}, "
+          f"max_sequence_length {args.max_sequence_length}, seed {args.seed}")
+    print(f"{'phase':24}{'diffpipe s':>12}{'diffusers s':>13}{'ratio':>8}   {memory} GB: diffpipe  diffusers")
+    for r in rows:
+        print(f"{r['label']:24}{fmt(r['diffpipe_s'], '12.2f')}{fmt(r['diffusers_s'], '13.2f')}"
+              f"{fmt(r['ratio'], '8.3f')}   {fmt(r['diffpipe_peak_gb'], '20.2f')}{fmt(r['diffusers_peak_gb'], '11.2f')}")
+    ms_a, ms_b = (ours or {}).get("ms_per_step"), (theirs or {}).get("ms_per_step")
+    print(f"{'ms per step (median)':24}{fmt(ms_a, '12.1f')}{fmt(ms_b, '13.1f')}"
+          f"{fmt(ms_a / ms_b if ms_a and ms_b else None, '8.3f')}")
+    print(f"weights in the folder: {sum(weights.values()) / GB:.2f} GB ("
+          + ", ".join(f"{k} {v / GB:.2f}" for k, v in weights.items()) + ")")
+    if ours:
+        print("diffpipe stages include loading their components; its peak is the largest stage's "
+              f"({rows[-1]['diffpipe_peak_gb']:.2f} GB), not the sum of all weights")
+    if theirs and theirs.get("resident_weights_bytes"):
+        print(f"diffusers keeps every component on the device: {theirs['resident_weights_bytes'] / GB:.2f} GB "
+              "allocated after load")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--diffpipe", required=True, help="the diffpipe binary")
+    parser.add_argument("--model", required=True, help="diffusers FluxPipeline folder")
+    parser.add_argument("--json", required=True, help="results file")
+    parser.add_argument("--steps", type=int, default=28)
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    parser.add_argument("--max-sequence-length", type=int, default=512)
+    parser.add_argument("--guidance", type=float, default=3.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--only", choices=["diffpipe", "diffusers"], help="run one side only")
+    args = parser.parse_args()
+
+    out = pathlib.Path(args.json)
+    work = out.parent / (out.stem + "-files")
+    work.mkdir(parents=True, exist_ok=True)
+    ours = theirs = None
+    if args.only != "diffusers":
+        ours = run_diffpipe(args, work)
+        print(f"diffpipe: done in {ours['process_wall_seconds']:.1f} s (process wall)", flush=True)
+    if args.only != "diffpipe":
+        theirs = run_diffusers(args, work)
+        print("diffusers: done", flush=True)
+    weights = folder_weight_bytes(args.model)
+    rows = print_table(args, ours, theirs, weights)
+    result = {"settings": {k: v for k, v in vars(args).items()}, "weights_bytes": weights, "rows": rows,
+              "diffpipe": ours, "diffusers": theirs}
+    if ours and theirs:
+        result["image_psnr_db"] = psnr(work / "diffpipe.png", work / "diffusers.png")
+        print(f"image PSNR diffpipe vs diffusers: {fmt(result['image_psnr_db'], '.1f')} dB")
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
