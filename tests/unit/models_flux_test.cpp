@@ -145,11 +145,7 @@ INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracle, ::testing::ValuesIn(kCases));
 // DIFFPIPE_REQUIRE_CUDA=1, which turns a missing GPU into a failure.
 class FluxOracleCuda : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    if (at::hasCUDA()) return;
-    if (std::getenv("DIFFPIPE_REQUIRE_CUDA") != nullptr) FAIL() << "DIFFPIPE_REQUIRE_CUDA is set but no GPU is visible";
-    GTEST_SKIP() << "no CUDA device on this machine";
-  }
+  void SetUp() override { DP_TEST_NEED_CUDA(); }
 };
 
 FluxInputs to_device(const FluxInputs& in, const at::Device& device) {

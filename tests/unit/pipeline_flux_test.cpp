@@ -81,6 +81,36 @@ TEST_P(PipelineOracle, LatentsAndImagesMatchDiffusers) {
 
 INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracle, ::testing::Values("dev_like", "schnell_like"));
 
+// The whole pipeline on the GPU in fp32 against the same CPU oracle. Every stage starts its timer before
+// its first CUDA allocation, so this also covers the peak-memory counters on a fresh device.
+class PipelineOracleCuda : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { DP_TEST_NEED_CUDA(); }
+};
+
+TEST_P(PipelineOracleCuda, Fp32LatentsAndImagesMatchDiffusersCpu) {
+  const PipelineCase c = load_case(GetParam());
+  GenerateRequest request = request_for(c);
+  request.device = at::Device(at::kCUDA);
+  FluxPipeline flux(io::ModelFolder::open(c.dir + "/pipe"));
+  const auto grid = latent_grid(request.height, request.width);
+  const auto prompts = flux.encode_prompts(request);
+  const at::Tensor latents = flux.denoise(request, grid, prompts, flux.initial_latents(request, grid), {});
+  const at::Tensor cpu_latents = latents.cpu();
+  const double err =
+      (cpu_latents - c.latents).abs().max().item<double>() / c.latents.abs().max().item<double>();
+  std::cout << GetParam() << ": CUDA fp32 packed latents relative error vs diffusers CPU " << err << "\n";
+  // TF32 stays off, so only the kernels' reduction order differs from the CPU: the CPU test's 1e-4.
+  EXPECT_LE(err, 1e-4);
+  const double db = psnr(flux.decode(request, grid, latents), c.images);
+  std::cout << GetParam() << ": CUDA image PSNR vs diffusers CPU " << db << " dB\n";
+  EXPECT_GE(db, 40.0);
+  ASSERT_EQ(flux.reports().size(), 3u);
+  for (const auto& stage : flux.reports()) EXPECT_GT(stage.peak_device_bytes, 0u) << stage.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracleCuda, ::testing::Values("dev_like", "schnell_like"));
+
 std::string generate_flags(const PipelineCase& c) {
   std::string flags = " --model " + c.dir + "/pipe --dtype fp32";
   for (const auto& p : c.spec["prompts"]) flags += " --prompt '" + p.get<std::string>() + "'";

@@ -1,5 +1,6 @@
 #include "test_support.h"
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -101,5 +102,7 @@ CommandResult run_command(const std::string& command) {
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }
+
+bool cuda_tests_enabled() { return at::hasCUDA(); }
 
 }  // namespace dp::test

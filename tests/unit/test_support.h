@@ -1,5 +1,6 @@
 #pragma once
 // Helpers shared by the unit tests: fixture folders and the oracle's output location.
+#include <cstdlib>
 #include <string>
 
 namespace dp::test {
@@ -21,5 +22,22 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 CommandResult run_command(const std::string& command);
+
+// Whether CUDA tests should run here: true with a GPU; false without one, unless DIFFPIPE_REQUIRE_CUDA is
+// set (bench/gpu.sh sets it), which makes a missing GPU a test failure instead of a skip.
+bool cuda_tests_enabled();
+
+}  // namespace dp::test
+
+// For the start of a CUDA test: skips it on machines without a GPU (CI), fails it where one is required.
+#define DP_TEST_NEED_CUDA()                                                                              \
+  do {                                                                                                   \
+    if (!::dp::test::cuda_tests_enabled()) {                                                             \
+      if (std::getenv("DIFFPIPE_REQUIRE_CUDA") != nullptr) FAIL() << "DIFFPIPE_REQUIRE_CUDA is set but no GPU is visible"; \
+      GTEST_SKIP() << "no CUDA device on this machine";                                                  \
+    }                                                                                                    \
+  } while (0)
+
+namespace dp::test {
 
 }  // namespace dp::test
