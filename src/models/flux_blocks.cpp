@@ -10,7 +10,7 @@ at::Tensor clip_if_half(const at::Tensor& x) {
 }
 
 at::Tensor feed_forward(const Linear& in, const Linear& out, const at::Tensor& x) {
-  return out(at::gelu(in(x), "tanh"));
+  return out(linear_gelu_tanh(x, in));
 }
 
 Linear concat(const std::vector<Linear>& parts) {
@@ -24,13 +24,10 @@ Linear concat(const std::vector<Linear>& parts) {
 
 }  // namespace
 
-AttentionWeights AttentionWeights::load(const ModuleWeights& w, const FluxConfig& c, bool joint, const Linear* extra) {
+AttentionWeights AttentionWeights::load(const ModuleWeights& w, const FluxConfig& c, bool joint) {
   const int64_t dim = c.inner_dim();
   AttentionWeights a;
-  std::vector<Linear> projections = {Linear::load(w, "to_q", dim, dim), Linear::load(w, "to_k", dim, dim),
-                                     Linear::load(w, "to_v", dim, dim)};
-  if (extra != nullptr) projections.push_back(*extra);
-  a.qkv = concat(projections);
+  a.qkv = concat({Linear::load(w, "to_q", dim, dim), Linear::load(w, "to_k", dim, dim), Linear::load(w, "to_v", dim, dim)});
   a.norm_q = w.get_shaped("norm_q.weight", {c.attention_head_dim});
   a.norm_k = w.get_shaped("norm_k.weight", {c.attention_head_dim});
   if (joint) {
@@ -88,9 +85,9 @@ SingleBlock SingleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
   SingleBlock b;
   b.head_dim = c.attention_head_dim;
   b.norm = Linear::load(w, "norm.linear", dim, 3 * dim);
-  const Linear proj_mlp = Linear::load(w, "proj_mlp", dim, c.mlp_hidden_dim());
+  b.proj_mlp = Linear::load(w, "proj_mlp", dim, c.mlp_hidden_dim());
   b.proj_out = Linear::load(w, "proj_out", dim + c.mlp_hidden_dim(), dim);
-  b.attn = AttentionWeights::load(w.child("attn"), c, /*joint=*/false, &proj_mlp);
+  b.attn = AttentionWeights::load(w.child("attn"), c, /*joint=*/false);
   return b;
 }
 
@@ -101,14 +98,13 @@ void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
   const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
   const int64_t dim = normed.size(-1);
-  const at::Tensor projected = attn.qkv(normed);  // q | k | v | mlp
-  const int64_t mlp_dim = projected.size(-1) - 3 * dim;
+  const int64_t mlp_dim = proj_mlp.weight.size(0);
   AttentionInputs attention_in =
       empty_attention_inputs(normed.size(0), normed.size(1), dim / head_dim, head_dim, normed.options());
-  fill_attention_inputs(projected, attn.norm_q, attn.norm_k, rope, 0, attention_in);
+  fill_attention_inputs(attn.qkv(normed), attn.norm_q, attn.norm_k, rope, 0, attention_in);
   // proj_out reads [attention, gelu(mlp)]: both are written straight into one buffer instead of concatenated.
   const at::Tensor mixed = at::empty({normed.size(0), normed.size(1), dim + mlp_dim}, normed.options());
-  gelu_tanh_into(projected.narrow(-1, 3 * dim, mlp_dim), mixed.narrow(-1, dim, mlp_dim));
+  linear_gelu_tanh_into(normed, proj_mlp, mixed.narrow(-1, dim, mlp_dim));
   mixed.narrow(-1, 0, dim).copy_(attention(attention_in.q, attention_in.k, attention_in.v));
   const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], proj_out(mixed)));
   text = joint.slice(1, 0, text_len);

@@ -9,15 +9,13 @@
 namespace dp::models::flux {
 
 struct AttentionWeights {
-  // to_q, to_k and to_v read the same input, so they run as one GEMM over concatenated weights
-  // (single blocks also append proj_mlp). Outputs are split back as views.
+  // to_q, to_k and to_v read the same input, so they run as one GEMM over concatenated weights.
   Linear qkv;
   at::Tensor norm_q, norm_k;
   // Double blocks only: output projection and the text-stream projections.
   Linear to_out, added_qkv, to_add_out;
   at::Tensor norm_added_q, norm_added_k;
-  // `extra` (single blocks: proj_mlp) is fused after q, k and v.
-  static AttentionWeights load(const ModuleWeights& w, const FluxConfig& c, bool joint, const Linear* extra = nullptr);
+  static AttentionWeights load(const ModuleWeights& w, const FluxConfig& c, bool joint);
 };
 
 // FluxTransformerBlock: separate image and text streams meeting in joint attention.
@@ -34,8 +32,9 @@ struct DoubleBlock {
 // FluxSingleTransformerBlock: one stream over [text, image], attention and MLP in parallel.
 struct SingleBlock {
   Linear norm;  // AdaLayerNormZeroSingle projection (dim -> 3 dim)
-  Linear proj_out;
-  AttentionWeights attn;  // attn.qkv also holds proj_mlp
+  // proj_mlp is its own GEMM (not fused with q, k, v) so that its GELU can run in the GEMM's epilogue.
+  Linear proj_mlp, proj_out;
+  AttentionWeights attn;
   int64_t head_dim = 0;
   static SingleBlock load(const ModuleWeights& w, const FluxConfig& c);
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;

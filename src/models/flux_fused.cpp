@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "models/cublaslt_gelu.h"
 #include "models/flux_fused_kernels.h"
 #endif
 
@@ -174,6 +175,30 @@ void gelu_tanh_into(const at::Tensor& src, const at::Tensor& dst) {
   }
 #endif
   dst.copy_(at::gelu(src, "tanh"));
+}
+
+void linear_gelu_tanh_into(const at::Tensor& x, const Linear& layer, const at::Tensor& out) {
+  check_rows(x, "linear input");
+  check_rows(out, "gelu output");
+  DP_CHECK(layer.weight.dim() == 2 && x.size(2) == layer.weight.size(1) && out.size(0) == x.size(0) &&
+               out.size(1) == x.size(1) && out.size(2) == layer.weight.size(0),
+           "linear ", layer.weight.sizes(), " on input ", x.sizes(), " does not give output ", out.sizes());
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (use_kernels(x) && layer.bias.defined() && x.is_contiguous() && out.scalar_type() == x.scalar_type() &&
+      out.device() == x.device()) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    // view, not reshape: the GEMM must write into `out` itself, never into a copy of it.
+    if (cublaslt::linear_bias_gelu(x.view({-1, x.size(2)}), layer.weight, layer.bias, out.view({-1, out.size(2)})))
+      return;
+  }
+#endif
+  gelu_tanh_into(layer(x), out);
+}
+
+at::Tensor linear_gelu_tanh(const at::Tensor& x, const Linear& layer) {
+  const at::Tensor out = at::empty({x.size(0), x.size(1), layer.weight.size(0)}, x.options());
+  linear_gelu_tanh_into(x, layer, out);
+  return out;
 }
 
 }  // namespace dp::models::flux

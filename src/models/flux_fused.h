@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "models/flux_layers.h"
+#include "models/module_weights.h"
 
 namespace dp::models::flux {
 
@@ -36,5 +37,12 @@ at::Tensor add_gated(const at::Tensor& x, const at::Tensor& gate, const at::Tens
 // dst = gelu(src, approximate="tanh"); src and dst (B, T, C) views with a contiguous last dimension, such
 // as a column range of a larger projection or of a concatenation buffer.
 void gelu_tanh_into(const at::Tensor& src, const at::Tensor& dst);
+
+// out = gelu(layer(x), approximate="tanh") for x (B, T, K) and out (B, T, N) with contiguous rows (a column
+// range of a wider buffer is fine). On CUDA the GELU runs in cuBLASLt's GEMM epilogue on the fp32
+// accumulator, one rounding where diffusers rounds twice (after the linear and after the GELU); elsewhere,
+// or when cuBLASLt has no algorithm, it is diffusers' linear then gelu.
+void linear_gelu_tanh_into(const at::Tensor& x, const Linear& layer, const at::Tensor& out);
+at::Tensor linear_gelu_tanh(const at::Tensor& x, const Linear& layer);
 
 }  // namespace dp::models::flux

@@ -3,11 +3,13 @@
 // the same GPU, to within one rounding of the storage type.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "core/error.h"
 #include "models/flux_fused.h"
 #include "models/flux_layers.h"
+#include "test_support.h"
 
 namespace dp::models::flux {
 namespace {
@@ -97,6 +99,22 @@ TEST(FusedModulation, CpuFallbacksEqualTheUnfusedOps) {
   }
 }
 
+TEST(FusedLinearGelu, CpuFallbackEqualsLinearThenGelu) {
+  c10::InferenceMode guard;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor x = random({2, 7, 48}, 40, dtype);
+    const Linear layer{random({40, 48}, 41, dtype), random({40}, 42, dtype)};
+    const at::Tensor dst = at::zeros({2, 7, 64}, x.options());
+    linear_gelu_tanh_into(x, layer, dst.narrow(-1, 24, 40));
+    EXPECT_TRUE(at::equal(dst.narrow(-1, 24, 40), at::gelu(at::linear(x, layer.weight, layer.bias), "tanh")));
+    EXPECT_EQ(dst.narrow(-1, 0, 24).abs().sum().item<double>(), 0.0);
+    EXPECT_TRUE(at::equal(linear_gelu_tanh(x, layer), at::gelu(at::linear(x, layer.weight, layer.bias), "tanh")));
+  }
+  const Linear layer{random({40, 48}, 43), random({40}, 44)};
+  EXPECT_THROW(linear_gelu_tanh_into(random({2, 7, 47}, 45), layer, at::empty({2, 7, 40})), Error);
+  EXPECT_THROW(linear_gelu_tanh_into(random({2, 7, 48}, 46), layer, at::empty({2, 7, 39})), Error);
+}
+
 TEST(FusedModulation, RejectsMismatchedShapes) {
   c10::InferenceMode guard;
   const at::Tensor x = random({2, 7, 48}, 10);
@@ -110,12 +128,7 @@ TEST(FusedModulation, RejectsMismatchedShapes) {
 
 class FusedCuda : public ::testing::TestWithParam<at::ScalarType> {
  protected:
-  void SetUp() override {
-    if (!at::hasCUDA()) {
-      if (std::getenv("DIFFPIPE_REQUIRE_CUDA") != nullptr) FAIL() << "DIFFPIPE_REQUIRE_CUDA is set but no GPU is visible";
-      GTEST_SKIP() << "no CUDA device on this machine";
-    }
-  }
+  void SetUp() override { DP_TEST_NEED_CUDA(); }
   void TearDown() override { set_fused_kernels_enabled(true); }
 
   template <typename F>
@@ -185,6 +198,33 @@ TEST_P(FusedCuda, ModulationAndGatesMatchAten) {
       return dst;
     });
     expect_close(gelu, gelu_ref, "gelu_tanh");
+  }
+}
+
+// cuBLASLt's bias + GELU epilogue against ATen's linear then gelu. The GEMMs may reduce in other orders
+// and the epilogue rounds once instead of twice, so many 16-bit elements differ by an ulp; the bound is two
+// ulps of the scale there, and 1e-5 of the scale in fp32, tight enough to tell the tanh GELU from the erf one
+// (they differ by up to 5e-4 here) and any layout mistake (errors of order one).
+TEST_P(FusedCuda, LinearGeluMatchesAten) {
+  c10::InferenceMode guard;
+  const at::ScalarType dtype = GetParam();
+  const int64_t k = 768;
+  for (const int64_t n : {1536, 40}) {
+    const at::Tensor x = random({2, 129, k}, 50, dtype, at::kCUDA);
+    const Linear layer{(random({n, k}, 51, at::kFloat, at::kCUDA) / std::sqrt(static_cast<double>(k))).to(dtype),
+                       random({n}, 52, dtype, at::kCUDA) * 0.5};
+    auto [fused, reference] = both_paths([&] {
+      const at::Tensor dst = at::zeros({2, 129, n + 16}, x.options());
+      linear_gelu_tanh_into(x, layer, dst.narrow(-1, 16, n));
+      return dst;
+    });
+    const double ulp = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 0;
+    const double scale = reference.abs().max().item<double>();
+    const double max_difference = (fused - reference).abs().max().item<double>();
+    std::cout << "linear_gelu " << dtype << " n=" << n << ": max difference " << max_difference << " (scale " << scale
+              << ")\n";
+    EXPECT_LE(max_difference, dtype == at::kFloat ? 1e-5 * scale : 2 * ulp * scale);
+    EXPECT_EQ(fused.narrow(-1, 0, 16).abs().sum().item<double>(), 0.0) << "wrote outside its columns";
   }
 }
 
