@@ -8,6 +8,12 @@
 
 namespace dp {
 
+void write_json_file(const std::string& path, const nlohmann::json& doc) {
+  std::ofstream file(path, std::ios::binary);
+  file << doc.dump(2) << "\n";
+  DP_CHECK(file.good(), path, ": write failed");
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   DP_CHECK(in.good(), path, ": cannot open");

@@ -6,6 +6,8 @@
 namespace dp {
 
 nlohmann::json read_json_file(const std::string& path);
+// Writes `doc` indented by two spaces with a final newline, as save_pretrained does; throws naming the file.
+void write_json_file(const std::string& path, const nlohmann::json& doc);
 
 // Typed field access with errors that name the file and the key.
 template <typename T>

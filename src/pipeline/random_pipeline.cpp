@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/log.h"
 #include "pipeline/tiny_components.h"
 
@@ -13,20 +14,7 @@ namespace fs = std::filesystem;
 namespace dp::pipeline {
 namespace {
 
-std::string torch_dtype_name(io::DType dtype) {
-  switch (dtype) {
-    case io::DType::F32: return "float32";
-    case io::DType::BF16: return "bfloat16";
-    case io::DType::F16: return "float16";
-    default: DP_FAIL("random pipeline weights must be F32, BF16 or F16, not ", io::dtype_name(dtype));
-  }
-}
-
-void write_json(const fs::path& path, const nlohmann::json& doc) {
-  std::ofstream file(path);
-  file << doc.dump(2) << "\n";
-  DP_CHECK(file.good(), path.string(), ": write failed");
-}
+void write_json(const fs::path& path, const nlohmann::json& doc) { write_json_file(path.string(), doc); }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -82,6 +82,15 @@ void add_vae_decoder(Shapes& out, const models::VaeConfig& c) {
 
 }  // namespace
 
+std::string torch_dtype_name(io::DType dtype) {
+  switch (dtype) {
+    case io::DType::F32: return "float32";
+    case io::DType::BF16: return "bfloat16";
+    case io::DType::F16: return "float16";
+    default: DP_FAIL("generated weights must be F32, BF16 or F16, not ", io::dtype_name(dtype));
+  }
+}
+
 std::vector<ParameterShape> clip_text_parameter_shapes(const models::ClipTextConfig& c) {
   const int64_t d = c.hidden_size;
   Shapes out;

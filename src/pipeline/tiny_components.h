@@ -8,12 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "models/clip_text_model.h"
 #include "models/flux_config.h"
 #include "models/t5_encoder.h"
 #include "models/vae.h"
 
 namespace dp::pipeline {
+
+// The config.json spelling of a weight dtype ("float32", "bfloat16", "float16"); other dtypes are refused.
+std::string torch_dtype_name(io::DType dtype);
 
 // Checkpoint keys and shapes, exactly those save_pretrained writes (and our loaders read).
 // CLIPTextModel as transformers 5 saves it: no "text_model." prefix.
