@@ -4,6 +4,7 @@
 # the same folder, time and peak memory per phase. Results (JSON, logs, both images) go to $OUT.
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
+#   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
 # The folder (33.7 GB) is written once per machine with `make-random --pipeline`.
 set -uo pipefail
@@ -51,5 +52,12 @@ python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$here/build-gpu/diffp
   --json "$out/pipeline-$side.json" ${PIPE_SIDE:+--only $PIPE_SIDE} "$@" 2>&1 | tee "$out/pipeline-$side.log"
 status=${PIPESTATUS[0]}
 elapsed "benchmark finished (exit $status)"
+if [ "${PROFILE:-0}" = 1 ]; then
+  ncu --clock-control none --csv --metrics gpu__time_duration.sum "$here/build-gpu/diffpipe" forward --model "$model" \
+    --device cuda --dtype bf16 --height 1024 --width 1024 --text-len 512 --repeat 1 --warmup 0 \
+    > "$out/ncu-step.csv" 2> "$out/ncu-step.log" || tail -5 "$out/ncu-step.log"
+  python3 "$here/bench/ncu_summary.py" "$out/ncu-step.csv" --top 25 --json "$out/ncu-step.json" | tee "$out/ncu-step.txt"
+  elapsed "profile finished"
+fi
 [ "$status" = 0 ] && exit "$tests_status"
 exit "$status"
