@@ -13,6 +13,19 @@ at::Tensor feed_forward(const Linear& in, const Linear& out, const at::Tensor& x
   return out(linear_gelu_tanh(x, in));
 }
 
+// [text, image] along the tokens. After a single block the two are adjacent slices of one tensor, so from
+// the second single block on this is a view of it rather than a copy.
+at::Tensor joined(const at::Tensor& text, const at::Tensor& image) {
+  const int64_t width = text.size(2), tokens = text.size(1) + image.size(1);
+  const bool adjacent = text.is_alias_of(image) && text.scalar_type() == image.scalar_type() &&
+                        text.size(0) == image.size(0) && image.size(2) == width && text.stride(2) == 1 &&
+                        image.stride(2) == 1 && text.stride(1) == width && image.stride(1) == width &&
+                        text.stride(0) == tokens * width && image.stride(0) == tokens * width &&
+                        image.storage_offset() == text.storage_offset() + text.size(1) * width;
+  if (adjacent) return text.as_strided({text.size(0), tokens, width}, {tokens * width, width, 1});
+  return at::cat({text, image}, 1);
+}
+
 Linear concat(const std::vector<Linear>& parts) {
   std::vector<at::Tensor> weights, biases;
   for (const auto& p : parts) {
@@ -94,7 +107,7 @@ SingleBlock SingleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
 void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
                           const RotaryTables& rope) const {
   const int64_t text_len = text.size(1);
-  const at::Tensor residual = at::cat({text, image}, 1);
+  const at::Tensor residual = joined(text, image);
   const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
   const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
   const int64_t dim = normed.size(-1);
