@@ -114,6 +114,65 @@ __global__ void qk_norm_rope_kernel(RowView qkv, const T* norm_q, const T* norm_
   }
 }
 
+// The same computation with 16-byte loads and stores: one row of `qkv` per blockIdx.x, each head spread
+// over `lanes` consecutive threads (a power of two up to 32) holding V elements each. The warp-per-head
+// kernel above moves 4 bytes per lane and spends most of its time on index arithmetic.
+template <typename T>
+__global__ void qk_norm_rope_wide_kernel(RowView qkv, const T* norm_q, const T* norm_k, const float* cos,
+                                         const float* sin, float eps, QkvLayout layout, int lanes, T* q, T* k,
+                                         T* v) {
+  constexpr int V = 16 / sizeof(T);
+  using P = Pack<T, V>;
+  const int thread = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
+  const int head_column = thread / lanes;  // which of the 3 * heads heads of the row
+  const int part = thread % lanes;
+  const int heads = static_cast<int>(layout.heads);
+  if (head_column >= 3 * heads) return;  // whole groups of `lanes` threads leave together
+  const int which = head_column / heads;  // 0: q, 1: k, 2: v
+  const int head = head_column - which * heads;
+  const int64_t row = blockIdx.x, b = row / layout.tokens, token = row - b * layout.tokens;
+  const int64_t dim = layout.head_dim, first = static_cast<int64_t>(part) * V;
+  const T* src = static_cast<const T*>(qkv.data) + b * qkv.batch_stride + token * qkv.row_stride +
+                 head_column * dim + first;
+  const int64_t out_token = layout.token_offset + token;
+  T* dst = (which == 0 ? q : which == 1 ? k : v) + ((b * layout.total_tokens + out_token) * heads + head) * dim + first;
+  const P in = *reinterpret_cast<const P*>(src);
+  if (which == 2) {
+    *reinterpret_cast<P*>(dst) = in;
+    return;
+  }
+  float x[V];
+  float squares = 0.0f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    x[e] = to_float(in.v[e]);
+    squares += x[e] * x[e];
+  }
+  // Only the head's own group takes part: a warp may hold k heads and v heads, and v has already left.
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (lane & ~(lanes - 1));
+  for (int offset = lanes / 2; offset > 0; offset /= 2) squares += __shfl_xor_sync(group, squares, offset);
+  const float inv_rms = rsqrtf(squares * (1.0f / static_cast<float>(dim)) + eps);
+  const P weight = *reinterpret_cast<const P*>((which == 0 ? norm_q : norm_k) + first);
+  float cos_row[V], sin_row[V];
+#pragma unroll
+  for (int e = 0; e < V; e += 4) {
+    const float4 c = *reinterpret_cast<const float4*>(cos + out_token * dim + first + e);
+    const float4 s = *reinterpret_cast<const float4*>(sin + out_token * dim + first + e);
+    cos_row[e] = c.x, cos_row[e + 1] = c.y, cos_row[e + 2] = c.z, cos_row[e + 3] = c.w;
+    sin_row[e] = s.x, sin_row[e + 1] = s.y, sin_row[e + 2] = s.z, sin_row[e + 3] = s.w;
+  }
+  P out;
+#pragma unroll
+  for (int e = 0; e < V; e += 2) {
+    const float n0 = rounded<T>(__fmul_rn(rounded<T>(__fmul_rn(x[e], inv_rms)), to_float(weight.v[e])));
+    const float n1 = rounded<T>(__fmul_rn(rounded<T>(__fmul_rn(x[e + 1], inv_rms)), to_float(weight.v[e + 1])));
+    out.v[e] = from_float<T>(__fadd_rn(__fmul_rn(n0, cos_row[e]), __fmul_rn(-n1, sin_row[e])));
+    out.v[e + 1] = from_float<T>(__fadd_rn(__fmul_rn(n1, cos_row[e + 1]), __fmul_rn(n0, sin_row[e + 1])));
+  }
+  *reinterpret_cast<P*>(dst) = out;
+}
+
 template <typename T, int V>
 __global__ void layer_norm_modulate_kernel(const T* x, const T* shift, const T* scale, int64_t modulation_stride,
                                            int64_t tokens, int64_t dim, float eps, T* out) {
@@ -228,10 +287,26 @@ void qk_norm_rope(ElementType type, const RowView& qkv, const void* norm_q, cons
                   cudaStream_t stream) {
   const int64_t warps = 3 * layout.batch * layout.tokens * layout.heads;
   if (warps == 0) return;
-  constexpr int kThreads = 256;
-  const int64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
   with_type(type, [&](auto tag) {
     using T = decltype(tag);
+    constexpr int kWide = 16 / sizeof(T);
+    const int64_t lanes = layout.head_dim / kWide, rows = layout.batch * layout.tokens;
+    const bool wide = layout.head_dim % kWide == 0 && lanes >= 1 && lanes <= 32 && (lanes & (lanes - 1)) == 0 &&
+                      qkv.batch_stride % kWide == 0 && qkv.row_stride % kWide == 0 && aligned(qkv.data, 16) &&
+                      aligned(norm_q, 16) && aligned(norm_k, 16) && aligned(cos, 16) && aligned(sin, 16) &&
+                      aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && rows <= INT32_MAX &&
+                      3 * layout.heads * lanes <= INT32_MAX;
+    if (wide) {
+      constexpr int kThreads = 128;  // a multiple of every group size
+      const dim3 grid(static_cast<unsigned>(rows),
+                      static_cast<unsigned>((3 * layout.heads * lanes + kThreads - 1) / kThreads));
+      qk_norm_rope_wide_kernel<T><<<grid, kThreads, 0, stream>>>(
+          qkv, static_cast<const T*>(norm_q), static_cast<const T*>(norm_k), cos, sin, eps, layout,
+          static_cast<int>(lanes), static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v));
+      return;
+    }
+    constexpr int kThreads = 256;
+    const int64_t blocks = (warps * 32 + kThreads - 1) / kThreads;
     qk_norm_rope_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         qkv, static_cast<const T*>(norm_q), static_cast<const T*>(norm_k), cos, sin, eps, layout, static_cast<T*>(q),
         static_cast<T*>(k), static_cast<T*>(v));
