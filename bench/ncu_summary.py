@@ -16,8 +16,9 @@ UNIT_TO_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond
 
 # First match wins: order from the most specific pattern to the most general.
 FAMILIES = [
+    # cuDNN's SDPA kernels also carry "sm90_" in their names, so attention is matched before the GEMMs.
+    ("attention (flash / cuDNN SDPA)", re.compile(r"flash|fmha|sdpa|attention", re.I)),
     ("GEMM (cuBLAS / cuBLASLt)", re.compile(r"nvjet|gemm|cutlass|xmma|sm90_", re.I)),
-    ("attention (flash / cuDNN SDPA)", re.compile(r"flash|fmha|cudnn|attention|sdpa", re.I)),
     ("diffpipe fused kernels", re.compile(r"qk_norm_rope|layer_norm_modulate|add_gated|gelu_tanh_kernel", re.I)),
     ("ATen copies / cat", re.compile(r"copy|cat_|CatArray", re.I)),
     ("ATen reductions / norms", re.compile(r"reduce|norm|softmax", re.I)),

@@ -74,7 +74,8 @@ def run_diffpipe(args, work: pathlib.Path) -> dict:
     report["process_wall_seconds"] = wall
     report["command"] = command
     key = "peak_device_bytes" if args.device == "cuda" else "peak_resident_bytes"
-    report["phases"] = {s["name"]: {"seconds": s["seconds"], "peak_bytes": s[key]} for s in report["stages"]}
+    report["phases"] = {s["name"]: {"seconds": s["seconds"], "load_seconds": s.get("load_seconds"), "peak_bytes": s[key]}
+                        for s in report["stages"]}
     report["phases"]["loop"] = {"seconds": report["denoise_loop_seconds"], "peak_bytes": None}
     report["ms_per_step"] = step_ms(report["step_end_seconds"])
     return report
@@ -178,6 +179,7 @@ def print_table(args, ours, theirs, weights) -> list:
         sa, sb = a.get("seconds"), b.get("seconds")
         rows.append({"phase": name, "diffpipe_s": sa, "diffusers_s": sb,
                      "ratio": sa / sb if sa is not None and sb else None,
+                     "diffpipe_load_s": a.get("load_seconds"),
                      "diffpipe_peak_gb": a["peak_bytes"] / GB if a.get("peak_bytes") is not None else None,
                      "diffusers_peak_gb": b["peak_bytes"] / GB if b.get("peak_bytes") is not None else None,
                      "label": label})
@@ -185,22 +187,26 @@ def print_table(args, ours, theirs, weights) -> list:
     total_b = sum(theirs["phases"][p]["seconds"] for p in ("load", "encode", "denoise", "decode")) if theirs else None
     rows.append({"phase": "total", "label": "total (load included)", "diffpipe_s": total_a, "diffusers_s": total_b,
                  "ratio": total_a / total_b if total_a and total_b else None,
+                 "diffpipe_load_s": sum(r["diffpipe_load_s"] or 0 for r in rows) if ours else None,
                  "diffpipe_peak_gb": max(r["diffpipe_peak_gb"] or 0 for r in rows) if ours else None,
                  "diffusers_peak_gb": max(r["diffusers_peak_gb"] or 0 for r in rows) if theirs else None})
     memory = "peak allocated" if args.device == "cuda" else "peak RSS"
     print(f"\nFluxPipeline {args.width}x{args.height}, {args.steps} steps, {args.dtype} on {args.device}, "
           f"max_sequence_length {args.max_sequence_length}, seed {args.seed}")
-    print(f"{'phase':24}{'diffpipe s':>12}{'diffusers s':>13}{'ratio':>8}   {memory} GB: diffpipe  diffusers")
+    print(f"{'phase':24}{'diffpipe s':>12}{'(loading)':>11}{'diffusers s':>13}{'ratio':>8}   "
+          f"{memory} GB: diffpipe  diffusers")
     for r in rows:
-        print(f"{r['label']:24}{fmt(r['diffpipe_s'], '12.2f')}{fmt(r['diffusers_s'], '13.2f')}"
-              f"{fmt(r['ratio'], '8.3f')}   {fmt(r['diffpipe_peak_gb'], '20.2f')}{fmt(r['diffusers_peak_gb'], '11.2f')}")
+        print(f"{r['label']:24}{fmt(r['diffpipe_s'], '12.2f')}{fmt(r.get('diffpipe_load_s'), '11.2f')}"
+              f"{fmt(r['diffusers_s'], '13.2f')}{fmt(r['ratio'], '8.3f')}   "
+              f"{fmt(r['diffpipe_peak_gb'], '20.2f')}{fmt(r['diffusers_peak_gb'], '11.2f')}")
     ms_a, ms_b = (ours or {}).get("ms_per_step"), (theirs or {}).get("ms_per_step")
     print(f"{'ms per step (median)':24}{fmt(ms_a, '12.1f')}{fmt(ms_b, '13.1f')}"
           f"{fmt(ms_a / ms_b if ms_a and ms_b else None, '8.3f')}")
     print(f"weights in the folder: {sum(weights.values()) / GB:.2f} GB ("
           + ", ".join(f"{k} {v / GB:.2f}" for k, v in weights.items()) + ")")
     if ours:
-        print("diffpipe stages include loading their components; its peak is the largest stage's "
+        print("diffpipe stages include loading their components ('(loading)': reading weights onto the device); "
+              "its peak is the largest stage's "
               f"({rows[-1]['diffpipe_peak_gb']:.2f} GB), not the sum of all weights")
     if theirs and theirs.get("resident_weights_bytes"):
         print(f"diffusers keeps every component on the device: {theirs['resident_weights_bytes'] / GB:.2f} GB "

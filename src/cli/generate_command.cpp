@@ -57,6 +57,7 @@ void write_report_json(const GenerateOptions& o, const pipeline::GenerateRequest
   for (const auto& s : stages)
     doc["stages"].push_back({{"name", s.name},
                              {"seconds", s.seconds},
+                             {"load_seconds", s.load_seconds},
                              {"peak_resident_bytes", s.peak_resident_bytes},
                              {"peak_device_bytes", s.peak_device_bytes}});
   // Seconds from the first step's start to each step's end (device synchronised): the loop without the
@@ -149,7 +150,8 @@ void run_generate(const GenerateOptions& o) {
   std::cout << "timing summary (" << std::fixed << std::setprecision(2) << total << " s total):\n";
   for (const auto& stage : flux.reports()) {
     std::cout << "  " << std::left << std::setw(8) << stage.name << std::right << std::setw(9) << stage.seconds
-              << " s   peak RSS " << human_bytes(stage.peak_resident_bytes);
+              << " s   (loading " << std::setw(6) << stage.load_seconds << " s)   peak RSS "
+              << human_bytes(stage.peak_resident_bytes);
     if (stage.peak_device_bytes > 0) std::cout << ", peak device " << human_bytes(stage.peak_device_bytes);
     std::cout << "\n";
   }

@@ -50,9 +50,21 @@ class StageTimer {
     report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     report_.peak_resident_bytes = peak_resident();
     report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
-    DP_INFO("stage ", report_.name, ": ", report_.seconds, " s, peak RSS ", report_.peak_resident_bytes / 1e6, " MB",
+    DP_INFO("stage ", report_.name, ": ", report_.seconds, " s (loading weights ", report_.load_seconds,
+            " s), peak RSS ", report_.peak_resident_bytes / 1e6, " MB",
             device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
     reports_->push_back(report_);
+  }
+
+  // Runs `load` (a component's from-folder constructor) and books its time, device copies included, as
+  // loading rather than compute.
+  template <typename Load>
+  auto loading(Load&& load) {
+    const auto started = std::chrono::steady_clock::now();
+    auto component = load();
+    synchronize(device_);
+    report_.load_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return component;
   }
 
  private:
@@ -105,7 +117,9 @@ PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
     const auto tokenizer = models::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
     std::vector<std::vector<int64_t>> rows;
     for (const auto& prompt : request.prompts) rows.push_back(tokenizer.encode_padded(prompt));
-    const auto clip = models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, request.device);
+    const auto clip = timer.loading([&] {
+      return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, request.device);
+    });
     out.pooled = repeat_per_prompt(clip.forward(ids_tensor(rows).to(request.device)).pooled_output,
                                    request.num_images_per_prompt);
   }  // CLIP released here
@@ -113,7 +127,9 @@ PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
     const auto tokenizer = models::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
     std::vector<std::vector<int64_t>> rows;
     for (const auto& prompt : request.prompts) rows.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
-    const auto t5 = models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, request.device);
+    const auto t5 = timer.loading([&] {
+      return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, request.device);
+    });
     out.prompt_embeds = repeat_per_prompt(t5.forward(ids_tensor(rows).to(request.device)), request.num_images_per_prompt);
   }  // T5 released here
   out.text_ids = at::zeros({request.max_sequence_length, 3}, at::TensorOptions().device(request.device));
@@ -144,8 +160,9 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
   const double mu = models::flux_calculate_shift(latents.size(1), scheduler_config);
   scheduler.set_timesteps_from_sigmas(models::flux_default_sigmas(request.steps), &mu);
 
-  const auto transformer =
-      models::FluxTransformer::load(folder_.component("transformer").path, request.dtype, request.device);
+  const auto transformer = timer.loading([&] {
+    return models::FluxTransformer::load(folder_.component("transformer").path, request.dtype, request.device);
+  });
   const auto& config = transformer.config();
   at::Tensor guidance;
   if (config.guidance_embeds)
@@ -176,7 +193,8 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
 at::Tensor FluxPipeline::decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents) {
   c10::InferenceMode guard;
   StageTimer timer("decode", request.device, &reports_);
-  const auto vae = models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device);
+  const auto vae = timer.loading(
+      [&] { return models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device); });
   const at::Tensor z = vae.unscale_latents(unpack_latents(latents, grid));
   const at::Tensor image = vae.decode(z);
   // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.

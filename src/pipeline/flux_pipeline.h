@@ -39,6 +39,7 @@ struct PromptEmbeddings {
 struct StageReport {
   std::string name;
   double seconds = 0;
+  double load_seconds = 0;           // part of `seconds` spent reading this stage's weights onto the device
   uint64_t peak_resident_bytes = 0;  // process peak RSS while the stage ran
   uint64_t peak_device_bytes = 0;    // CUDA allocator peak, 0 on CPU
 };

@@ -76,7 +76,11 @@ TEST_P(PipelineOracle, LatentsAndImagesMatchDiffusers) {
   std::cout << GetParam() << ": image PSNR " << db << " dB\n";
   EXPECT_GE(db, 40.0);
   ASSERT_EQ(flux.reports().size(), 3u);
-  for (const auto& stage : flux.reports()) EXPECT_GT(stage.peak_resident_bytes, 0u) << stage.name;
+  for (const auto& stage : flux.reports()) {
+    EXPECT_GT(stage.peak_resident_bytes, 0u) << stage.name;
+    EXPECT_GT(stage.load_seconds, 0) << stage.name;
+    EXPECT_LT(stage.load_seconds, stage.seconds) << stage.name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracle, ::testing::Values("dev_like", "schnell_like"));

@@ -231,6 +231,9 @@ TEST(RandomPipeline, GenerateWritesAReportJson) {
   for (const auto& stage : report["stages"]) {
     EXPECT_GT(stage["seconds"].get<double>(), 0) << stage.dump();
     EXPECT_GT(stage["peak_resident_bytes"].get<uint64_t>(), 0u) << stage.dump();
+    // Every stage loads a component, and loading is part of the stage.
+    EXPECT_GT(stage["load_seconds"].get<double>(), 0) << stage.dump();
+    EXPECT_LT(stage["load_seconds"].get<double>(), stage["seconds"].get<double>()) << stage.dump();
   }
   ASSERT_EQ(report["step_end_seconds"].size(), 3u);
   EXPECT_EQ(report["denoise_loop_seconds"], report["step_end_seconds"][2]);
