@@ -5,6 +5,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <utility>
 
 #include "core/device_stats.h"
 #include "core/error.h"
@@ -37,33 +39,50 @@ uint64_t peak_resident() {
   return 0;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 class StageTimer {
  public:
   StageTimer(std::string name, const at::Device& device, std::vector<StageReport>* reports)
       : device_(device), reports_(reports), started_(std::chrono::steady_clock::now()) {
     report_.name = std::move(name);
     reset_peak_resident();
-    reset_peak_memory(device_);
+    reset_peak_memory(device_);  // the process's first CUDA call lands here: context, allocator
+    const double ready = seconds_since(started_);
+    if (ready > 0.05)
+      DP_INFO("stage ", report_.name, ": device ready after ", std::fixed, std::setprecision(3), ready,
+              " s (its first use initialises it)");
   }
   ~StageTimer() {
     synchronize(device_);
-    report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    report_.seconds = seconds_since(started_);
     report_.peak_resident_bytes = peak_resident();
     report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
-    DP_INFO("stage ", report_.name, ": ", report_.seconds, " s (loading weights ", report_.load_seconds,
-            " s), peak RSS ", report_.peak_resident_bytes / 1e6, " MB",
+    DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
+            report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
             device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
     reports_->push_back(report_);
   }
 
-  // Runs `load` (a component's from-folder constructor) and books its time, device copies included, as
+  // Runs `work` to completion on the device and logs how long it took, so a slow stage shows which part.
+  template <typename Work>
+  auto timed(const char* what, Work&& work) {
+    const auto started = std::chrono::steady_clock::now();
+    auto result = work();
+    synchronize(device_);
+    last_seconds_ = seconds_since(started);
+    DP_INFO("stage ", report_.name, ": ", what, " ", std::fixed, std::setprecision(3), last_seconds_, " s");
+    return result;
+  }
+
+  // timed() for a component's from-folder constructor: its time, device copies included, is booked as
   // loading rather than compute.
   template <typename Load>
-  auto loading(Load&& load) {
-    const auto started = std::chrono::steady_clock::now();
-    auto component = load();
-    synchronize(device_);
-    report_.load_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  auto loading(const char* what, Load&& load) {
+    auto component = timed(what, std::forward<Load>(load));
+    report_.load_seconds += last_seconds_;
     return component;
   }
 
@@ -72,6 +91,7 @@ class StageTimer {
   std::vector<StageReport>* reports_;
   std::chrono::steady_clock::time_point started_;
   StageReport report_;
+  double last_seconds_ = 0;
 };
 
 at::Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
@@ -114,23 +134,33 @@ PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
   StageTimer timer("encode", request.device, &reports_);
   PromptEmbeddings out;
   {
-    const auto tokenizer = models::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
-    std::vector<std::vector<int64_t>> rows;
-    for (const auto& prompt : request.prompts) rows.push_back(tokenizer.encode_padded(prompt));
-    const auto clip = timer.loading([&] {
+    const auto rows = timer.timed("CLIP tokenizer", [&] {
+      const auto tokenizer = models::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
+      std::vector<std::vector<int64_t>> ids;
+      for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt));
+      return ids;
+    });
+    const auto clip = timer.loading("CLIP load", [&] {
       return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, request.device);
     });
-    out.pooled = repeat_per_prompt(clip.forward(ids_tensor(rows).to(request.device)).pooled_output,
-                                   request.num_images_per_prompt);
+    out.pooled = timer.timed("CLIP forward", [&] {
+      return repeat_per_prompt(clip.forward(ids_tensor(rows).to(request.device)).pooled_output,
+                               request.num_images_per_prompt);
+    });
   }  // CLIP released here
   {
-    const auto tokenizer = models::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
-    std::vector<std::vector<int64_t>> rows;
-    for (const auto& prompt : request.prompts) rows.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
-    const auto t5 = timer.loading([&] {
+    const auto rows = timer.timed("T5 tokenizer", [&] {
+      const auto tokenizer = models::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
+      std::vector<std::vector<int64_t>> ids;
+      for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
+      return ids;
+    });
+    const auto t5 = timer.loading("T5 load", [&] {
       return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, request.device);
     });
-    out.prompt_embeds = repeat_per_prompt(t5.forward(ids_tensor(rows).to(request.device)), request.num_images_per_prompt);
+    out.prompt_embeds = timer.timed("T5 forward", [&] {
+      return repeat_per_prompt(t5.forward(ids_tensor(rows).to(request.device)), request.num_images_per_prompt);
+    });
   }  // T5 released here
   out.text_ids = at::zeros({request.max_sequence_length, 3}, at::TensorOptions().device(request.device));
   return out;
@@ -160,7 +190,7 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
   const double mu = models::flux_calculate_shift(latents.size(1), scheduler_config);
   scheduler.set_timesteps_from_sigmas(models::flux_default_sigmas(request.steps), &mu);
 
-  const auto transformer = timer.loading([&] {
+  const auto transformer = timer.loading("transformer load", [&] {
     return models::FluxTransformer::load(folder_.component("transformer").path, request.dtype, request.device);
   });
   const auto& config = transformer.config();
@@ -194,9 +224,9 @@ at::Tensor FluxPipeline::decode(const GenerateRequest& request, const LatentGrid
   c10::InferenceMode guard;
   StageTimer timer("decode", request.device, &reports_);
   const auto vae = timer.loading(
-      [&] { return models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device); });
+      "VAE load", [&] { return models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device); });
   const at::Tensor z = vae.unscale_latents(unpack_latents(latents, grid));
-  const at::Tensor image = vae.decode(z);
+  const at::Tensor image = timer.timed("VAE decode", [&] { return vae.decode(z); });
   // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.
   const at::Tensor unit = (image / 2 + 0.5).clamp(0, 1);
   return (unit.permute({0, 2, 3, 1}).to(at::kCPU, at::kFloat) * 255).round().to(at::kByte).contiguous();
