@@ -172,8 +172,6 @@ bool linear_bias_gelu(const at::Tensor& x, const at::Tensor& weight, const at::T
 
 #else
 
-#include "core/error.h"
-
 namespace dp::models::cublaslt {
 bool linear_bias_gelu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
 }  // namespace dp::models::cublaslt

@@ -66,14 +66,16 @@ class StageTimer {
     reports_->push_back(report_);
   }
 
-  // Runs `work` to completion on the device and logs how long it took, so a slow stage shows which part.
+  // Runs `work` to completion on the device and logs how long it took, so a slow stage shows which part;
+  // the time is also added to `*booked` when given.
   template <typename Work>
-  auto timed(const char* what, Work&& work) {
+  auto timed(const char* what, Work&& work, double* booked = nullptr) {
     const auto started = std::chrono::steady_clock::now();
     auto result = work();
     synchronize(device_);
-    last_seconds_ = seconds_since(started);
-    DP_INFO("stage ", report_.name, ": ", what, " ", std::fixed, std::setprecision(3), last_seconds_, " s");
+    const double seconds = seconds_since(started);
+    if (booked != nullptr) *booked += seconds;
+    DP_INFO("stage ", report_.name, ": ", what, " ", std::fixed, std::setprecision(3), seconds, " s");
     return result;
   }
 
@@ -81,9 +83,7 @@ class StageTimer {
   // loading rather than compute.
   template <typename Load>
   auto loading(const char* what, Load&& load) {
-    auto component = timed(what, std::forward<Load>(load));
-    report_.load_seconds += last_seconds_;
-    return component;
+    return timed(what, std::forward<Load>(load), &report_.load_seconds);
   }
 
  private:
@@ -91,7 +91,6 @@ class StageTimer {
   std::vector<StageReport>* reports_;
   std::chrono::steady_clock::time_point started_;
   StageReport report_;
-  double last_seconds_ = 0;
 };
 
 at::Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
