@@ -187,7 +187,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "png, or latent: packed latents (B, seq, 64) float32 in an HDF5 file, dataset 'latents'")
       ->capture_default_str();
   cmd->add_option("--report-json", o->report_json,
-                  "also write the per-stage times and peak memory and the step times as JSON to this file");
+                  "also write per-stage times (with the part spent loading weights), peak memory and step times "
+                  "as JSON to this file");
   cmd->callback([o] { run_generate(*o); });
 });
 
