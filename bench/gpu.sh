@@ -20,10 +20,10 @@ echo "build: $(( $(date +%s) - started )) s"
 ref="$here/build-gpu/reference"
 python3 "$here/tests/reference/generate_all.py" --out "$ref" --only flux --only pipeline > "$out/oracle.log" 2>&1 || tail -20 "$out/oracle.log"
 DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
-  "$here/build-gpu/tests/models_flux_test" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | tee "$out/cuda_tests.log" | grep -E "relative|OK|FAILED|PASSED" | head -40
+  "$here/build-gpu/tests/unit/models_flux_test" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | tee "$out/cuda_tests.log" | grep -E "relative|OK|FAILED|PASSED" | head -40
 DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
-  "$here/build-gpu/tests/pipeline_flux_test" --gtest_filter='*Cuda*' 2>&1 | tee "$out/cuda_pipeline_tests.log" | grep -E "relative|PSNR|OK|FAILED|PASSED" | head -20
-DIFFPIPE_REQUIRE_CUDA=1 "$here/build-gpu/tests/models_fused_test" 2>&1 | tee "$out/fused_tests.log" | grep -E "differ|OK|FAILED|PASSED" | head -60
+  "$here/build-gpu/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' 2>&1 | tee "$out/cuda_pipeline_tests.log" | grep -E "relative|PSNR|OK|FAILED|PASSED" | head -20
+DIFFPIPE_REQUIRE_CUDA=1 "$here/build-gpu/tests/unit/models_fused_test" 2>&1 | tee "$out/fused_tests.log" | grep -E "differ|OK|FAILED|PASSED" | head -60
 model=/tmp/flux-dev-random
 if [ ! -f "$model/model_index.json" ]; then
   "$here/build-gpu/diffpipe" make-random --arch flux-dev --dtype bf16 --out "$model" 2>&1 | tail -2

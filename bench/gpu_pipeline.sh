@@ -29,7 +29,7 @@ ref="$here/build-gpu/reference"
 tests_status=0
 if python3 "$here/tests/reference/generate_all.py" --out "$ref" --only pipeline > "$out/oracle.log" 2>&1; then
   DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
-    "$here/build-gpu/tests/pipeline_flux_test" --gtest_filter='*Cuda*' > "$out/cuda_pipeline_tests.log" 2>&1
+    "$here/build-gpu/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' > "$out/cuda_pipeline_tests.log" 2>&1
   tests_status=$?
   grep -E "relative|PSNR|OK \]|FAILED|PASSED" "$out/cuda_pipeline_tests.log" | head -20
   [ "$tests_status" = 0 ] || tail -30 "$out/cuda_pipeline_tests.log"

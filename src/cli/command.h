@@ -1,5 +1,10 @@
 #pragma once
 // Subcommands register themselves here; main.cpp only builds the CLI11 app from this list.
+//
+// The CLI is two executables so that plan, inspect and make-* never load LibTorch (its start-up costs about
+// half a second and 500 MB): `diffpipe` holds the torch-free commands and hands the LibTorch ones
+// (generate, forward) to `diffpipe-torch` by exec, with the same arguments. `diffpipe-torch` holds every
+// command and can be run directly.
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <vector>
@@ -11,15 +16,25 @@ struct Command {
   int order;  // position in --help
   // Adds the subcommand and its options to `root` and sets the callback that runs it.
   std::function<void(CLI::App& root)> install;
+  bool runs_in_torch_binary = false;  // the front registers such a command only to list it in --help
 };
 
 std::vector<Command>& registered_commands();
 
 struct CommandRegistrar {
-  CommandRegistrar(const char* name, int order, std::function<void(CLI::App&)> install) {
-    registered_commands().push_back({name, order, std::move(install)});
+  CommandRegistrar(const char* name, int order, std::function<void(CLI::App&)> install,
+                   bool runs_in_torch_binary = false) {
+    registered_commands().push_back({name, order, std::move(install), runs_in_torch_binary});
   }
 };
+
+// One-line descriptions of the LibTorch commands, shared by their definitions and the front's --help.
+inline constexpr const char* kGenerateSummary =
+    "Generate images (or packed latents) from prompts with a diffusers FLUX folder, as FluxPipeline would for "
+    "the same seed";
+inline constexpr const char* kForwardSummary =
+    "Run the FLUX transformer on seeded random inputs and time it, whole or split into stages (as ranks would "
+    "split it)";
 
 // Exit code a command callback asks main to return (0 unless the command sets it).
 int& command_exit_code();

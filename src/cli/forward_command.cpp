@@ -16,12 +16,12 @@
 #endif
 
 #include "cli/command.h"
-#include "core/device_stats.h"
+#include "pipeline/device_stats.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "io/torch_tensors.h"
-#include "models/flux_transformer.h"
+#include "models/flux/flux_transformer.h"
 #include "pipeline/latent_layout.h"
 
 namespace dp::cli {
@@ -107,24 +107,24 @@ void run_graphed(const ForwardOptions& o, const std::vector<models::FluxTransfor
     for (size_t s = 0; s < stages.size(); ++s) stages[s].run_blocks(state, ropes[s], bounds[s], bounds[s + 1]);
     return stages.back().head(state);
   };
-  const uint64_t weights_peak = peak_memory_bytes(device);
-  reset_peak_memory(device);
+  const uint64_t weights_peak = pipeline::peak_memory_bytes(device);
+  pipeline::reset_peak_memory(device);
   at::Tensor output;
   at::cuda::CUDAGraph graph;
   {
     c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
     for (int w = 0; w < std::max(1, o.warmup); ++w) output = forward_all();  // allocator and cuBLAS warm-up
-    synchronize(device);
+    pipeline::synchronize(device);
     graph.capture_begin();
     output = forward_all();
     graph.capture_end();
   }
-  synchronize(device);
+  pipeline::synchronize(device);
   std::vector<double> times;
   for (int r = 0; r < o.warmup + o.repeat; ++r) {
     const auto started = std::chrono::steady_clock::now();
     graph.replay();
-    synchronize(device);
+    pipeline::synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (r >= o.warmup) times.push_back(ms);
     std::cerr << (r < o.warmup ? "warmup " : "run ") << (r < o.warmup ? r + 1 : r - o.warmup + 1) << "/"
@@ -137,7 +137,7 @@ void run_graphed(const ForwardOptions& o, const std::vector<models::FluxTransfor
             << " ms over " << times.size() << " replay(s); output " << output.sizes() << " mean "
             << out32.mean().item<double>() << " std " << out32.std().item<double>() << "\n";
   std::cout << "memory (cuda): after load " << weights_peak / 1e9 << " GB, peak during forwards "
-            << peak_memory_bytes(device) / 1e9 << " GB (allocated)\n";
+            << pipeline::peak_memory_bytes(device) / 1e9 << " GB (allocated)\n";
 #else
   DP_FAIL("--cuda-graph needs a build with CUDA");
 #endif
@@ -146,7 +146,7 @@ void run_graphed(const ForwardOptions& o, const std::vector<models::FluxTransfor
 void run_forward(const ForwardOptions& o) {
   c10::InferenceMode guard;
   if (o.threads > 0) at::set_num_threads(o.threads);
-  const at::ScalarType dtype = io::parse_run_dtype(o.dtype);
+  const at::ScalarType dtype = io::parse_run_scalar_type(o.dtype);
   DP_CHECK(o.device == "cpu" || o.device == "cuda", "--device: expected cpu or cuda, got '", o.device, "'");
   const at::Device device(o.device == "cuda" ? at::kCUDA : at::kCPU);
   const std::string dir = transformer_dir(o.model);
@@ -184,8 +184,8 @@ void run_forward(const ForwardOptions& o) {
     run_graphed(o, stages, bounds, inputs, run_in, device);
     return;
   }
-  const uint64_t weights_peak = peak_memory_bytes(device);
-  reset_peak_memory(device);
+  const uint64_t weights_peak = pipeline::peak_memory_bytes(device);
+  pipeline::reset_peak_memory(device);
   std::vector<double> times;
   std::vector<double> stage_ms(stages.size(), 0.0);
   for (int r = 0; r < o.warmup + o.repeat; ++r) {
@@ -197,11 +197,11 @@ void run_forward(const ForwardOptions& o) {
       const auto rope = stages[s].rotary(inputs.txt_ids, inputs.img_ids);
       stages[s].run_blocks(state, rope, bounds[s], bounds[s + 1]);
       if (s + 1 == stages.size()) output = stages[s].head(state);
-      if (stages.size() > 1) synchronize(device);  // per-stage times only when there are stages to compare
+      if (stages.size() > 1) pipeline::synchronize(device);  // per-stage times only when there are stages to compare
       if (r >= o.warmup)
         stage_ms[s] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stage_started).count();
     }
-    synchronize(device);
+    pipeline::synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (r >= o.warmup) times.push_back(ms);
     std::cerr << (r < o.warmup ? "warmup " : "run ") << (r < o.warmup ? r + 1 : r - o.warmup + 1) << "/"
@@ -216,7 +216,7 @@ void run_forward(const ForwardOptions& o) {
             << " ms over " << times.size() << " run(s); output " << output.sizes() << " mean "
             << out32.mean().item<double>() << " std " << out32.std().item<double>() << "\n";
   std::cout << "memory (" << o.device << "): after load " << weights_peak / 1e9 << " GB, peak during forwards "
-            << peak_memory_bytes(device) / 1e9 << " GB" << (device.is_cuda() ? " (allocated)" : " (process RSS)")
+            << pipeline::peak_memory_bytes(device) / 1e9 << " GB" << (device.is_cuda() ? " (allocated)" : " (process RSS)")
             << "\n";
   for (size_t s = 0; s < stages.size() && stages.size() > 1; ++s)
     std::cout << "  stage " << s << " blocks [" << bounds[s] << "," << bounds[s + 1] << "): "
@@ -237,8 +237,7 @@ void run_forward(const ForwardOptions& o) {
 
 CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
   auto o = std::make_shared<ForwardOptions>();
-  auto* cmd = root.add_subcommand("forward", "Run the FLUX transformer on seeded random inputs and time it, whole "
-                                             "or split into stages (as ranks would split it)");
+  auto* cmd = root.add_subcommand("forward", kForwardSummary);
   cmd->add_option("--model", o->model, "model folder (or its transformer/ folder)")->required();
   cmd->add_option("--height", o->height, "image height in pixels (multiple of 16)")->capture_default_str();
   cmd->add_option("--width", o->width, "image width in pixels (multiple of 16)")->capture_default_str();

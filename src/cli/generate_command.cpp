@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/log.h"
 #include "io/hdf5_latents.h"
 #include "io/png_image.h"
@@ -64,9 +65,7 @@ void write_report_json(const GenerateOptions& o, const pipeline::GenerateRequest
   // transformer's loading, which the denoise stage includes.
   doc["step_end_seconds"] = step_ends;
   doc["denoise_loop_seconds"] = step_ends.empty() ? 0.0 : step_ends.back();
-  std::ofstream file(o.report_json);
-  file << doc.dump(2) << "\n";
-  DP_CHECK(file.good(), o.report_json, ": cannot write the --report-json file");
+  write_json_file(o.report_json, doc);
 }
 
 // out.png -> out-0.png, out-1.png ... when there are several images, in diffusers' order.
@@ -91,7 +90,7 @@ void run_generate(const GenerateOptions& o) {
   request.guidance = o.guidance;
   request.seed = o.seed;
   request.max_sequence_length = o.max_sequence_length;
-  request.dtype = io::parse_run_dtype(o.dtype);
+  request.dtype = io::parse_run_scalar_type(o.dtype);
   DP_CHECK(o.device == "cpu" || o.device == "cuda", "--device: expected cpu or cuda, got '", o.device, "'");
   request.device = at::Device(o.device == "cuda" ? at::kCUDA : at::kCPU);
   DP_CHECK(o.output_type == "png" || o.output_type == "latent", "--output-type: expected png or latent, got '",
@@ -164,8 +163,7 @@ void run_generate(const GenerateOptions& o) {
 
 CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   auto o = std::make_shared<GenerateOptions>();
-  auto* cmd = root.add_subcommand("generate", "Generate images (or packed latents) from prompts with a diffusers "
-                                              "FLUX folder, as FluxPipeline would for the same seed");
+  auto* cmd = root.add_subcommand("generate", kGenerateSummary);
   cmd->add_option("--model", o->model, "diffusers FLUX pipeline folder (model_index.json and components)")->required();
   cmd->add_option("--prompt", o->prompts, "a prompt; repeat for several")->take_all();
   cmd->add_option("--prompts-file", o->prompts_file, "file with one prompt a line (blank lines skipped)");

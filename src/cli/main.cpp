@@ -1,6 +1,12 @@
 // diffpipe: run FLUX-class diffusion transformers across ranks. See --help.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <string>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -18,29 +24,81 @@ int& command_exit_code() {
   return code;
 }
 
+namespace {
+
+constexpr int kUsageError = 2;
+
+// The subcommand named on the command line: the first argument that is not an option or the value of the
+// global --log-level. Empty when there is none.
+std::string named_command(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (!arg.empty() && arg[0] == '-') continue;
+    return arg;
+  }
+  return {};
+}
+
+// diffpipe-torch beside this executable (build tree), or in ../libexec/diffpipe (install tree).
+std::string torch_binary_path() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path dir = ec ? std::filesystem::path(".") : self.parent_path();
+  for (const auto& candidate : {dir / "diffpipe-torch", dir / ".." / "libexec" / "diffpipe" / "diffpipe-torch"}) {
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return (dir / "diffpipe-torch").string();
+}
+
+[[noreturn]] void exec_torch_binary(const std::string& command, char** argv) {
+  const std::string path = torch_binary_path();
+  ::execv(path.c_str(), argv);
+  std::cerr << "diffpipe: error: '" << command << "' runs in " << path << ", which could not be started ("
+            << std::strerror(errno) << "); build the diffpipe_torch target or reinstall diffpipe\n";
+  std::exit(1);
+}
+
+}  // namespace
 }  // namespace dp::cli
 
 int main(int argc, char** argv) {
+  using dp::cli::registered_commands;
+  auto& commands = registered_commands();
+  std::sort(commands.begin(), commands.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
+
+  const std::string named = dp::cli::named_command(argc, argv);
+  if (!named.empty()) {
+    const auto found = std::find_if(commands.begin(), commands.end(), [&](const auto& c) { return named == c.name; });
+    if (found == commands.end()) {
+      std::string known;
+      for (const auto& c : commands) known += known.empty() ? c.name : std::string(", ") + c.name;
+      std::cerr << "diffpipe: error: unknown command '" << named << "' (commands: " << known
+                << "; see diffpipe --help)\n";
+      return dp::cli::kUsageError;
+    }
+    if (found->runs_in_torch_binary) dp::cli::exec_torch_binary(named, argv);
+  }
+
   CLI::App app{
       "diffpipe: runs diffusers-format FLUX pipelines across GPUs and machines (mpirun or SLURM), placing the\n"
       "transformer with the same device-map rules as diffusers/accelerate and keeping every stage busy."};
   app.require_subcommand(1);
+  // Global options may also follow the subcommand (diffpipe plan ... --log-level debug).
+  app.fallthrough();
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (logs go to stderr)")
       ->capture_default_str();
   app.parse_complete_callback([&] { dp::log::set_level(dp::log::parse_level(log_level)); });
-
-  auto& commands = dp::cli::registered_commands();
-  std::sort(commands.begin(), commands.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
   for (auto& command : commands) command.install(app);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const dp::Error& e) {
-    std::cerr << "diffpipe: error: " << e.what() << "\n";
-    return 1;
   } catch (const std::exception& e) {
     std::cerr << "diffpipe: error: " << e.what() << "\n";
     return 1;

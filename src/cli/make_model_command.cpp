@@ -8,11 +8,12 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/log.h"
-#include "io/torch_tensors.h"
-#include "pipeline/random_model.h"
-#include "pipeline/random_pipeline.h"
-#include "pipeline/tiny_pipeline.h"
+#include "io/run_dtype.h"
+#include "fixtures/random_model.h"
+#include "fixtures/random_pipeline.h"
+#include "fixtures/tiny_pipeline.h"
 
 namespace dp::cli {
 namespace {
@@ -26,10 +27,6 @@ struct MakeOptions {
   bool pipeline = false;  // make-random: the whole FluxPipeline, not only the transformer
   bool sparse = false;    // make-random: headers only, data left as holes
 };
-
-io::DType weights_dtype(const std::string& name) {
-  return io::to_safetensors_dtype(io::parse_run_dtype(name));
-}
 
 void prepare_output(const MakeOptions& o) {
   namespace fs = std::filesystem;
@@ -46,18 +43,17 @@ void write_model_index(const std::string& out, const std::vector<std::pair<std::
     const bool from_transformers = name.rfind("text_encoder", 0) == 0 || name.rfind("tokenizer", 0) == 0;
     index[name] = {from_transformers ? "transformers" : "diffusers", cls};
   }
-  std::ofstream file(std::filesystem::path(out) / "model_index.json");
-  file << index.dump(2) << "\n";
+  write_json_file((std::filesystem::path(out) / "model_index.json").string(), index);
 }
 
 void make_folder(const MakeOptions& o, const models::FluxConfig& config) {
   prepare_output(o);
   const auto started = std::chrono::steady_clock::now();
-  pipeline::RandomWriteOptions write;
-  write.dtype = weights_dtype(o.dtype);
+  fixtures::RandomWriteOptions write;
+  write.dtype = io::parse_run_dtype(o.dtype);
   write.seed = o.seed;
   write.sparse = o.sparse;
-  const uint64_t bytes = pipeline::write_random_component(o.out, pipeline::flux_transformer_component(config), write);
+  const uint64_t bytes = fixtures::write_random_component(o.out, fixtures::flux_transformer_component(config), write);
   write_model_index(o.out, {{"transformer", "FluxTransformer2DModel"}});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "wrote " << o.out << ": transformer " << human_bytes(bytes) << " (" << o.dtype << ", "
@@ -70,15 +66,15 @@ void make_folder(const MakeOptions& o, const models::FluxConfig& config) {
 void make_random_pipeline(const MakeOptions& o) {
   prepare_output(o);
   const auto started = std::chrono::steady_clock::now();
-  pipeline::RandomPipelineOptions options;
-  options.arch = pipeline::parse_flux_arch(o.arch);
-  options.dtype = weights_dtype(o.dtype);
+  fixtures::RandomPipelineOptions options;
+  options.arch = fixtures::parse_flux_arch(o.arch);
+  options.dtype = io::parse_run_dtype(o.dtype);
   options.seed = o.seed;
   options.sparse = o.sparse;
   std::cout << "writing " << o.out << " (" << o.arch << " pipeline, " << o.dtype << ", seed " << o.seed
             << (o.sparse ? ", sparse: headers only" : "") << "):" << std::endl;
   uint64_t total_bytes = 0, total_parameters = 0;
-  pipeline::write_random_pipeline(o.out, options, [&](const pipeline::WrittenComponent& part) {
+  fixtures::write_random_pipeline(o.out, options, [&](const fixtures::WrittenComponent& part) {
     std::cout << "  " << std::left << std::setw(15) << part.name << std::right;
     if (part.parameters > 0) {
       std::cout << std::setw(15) << part.parameters << " parameters (" << human_count(part.parameters) << "), "
@@ -98,10 +94,10 @@ void make_random_pipeline(const MakeOptions& o) {
 void make_tiny_pipeline(const MakeOptions& o) {
   prepare_output(o);
   const auto started = std::chrono::steady_clock::now();
-  pipeline::TinyPipelineOptions options;
-  options.dtype = weights_dtype(o.dtype);
+  fixtures::TinyPipelineOptions options;
+  options.dtype = io::parse_run_dtype(o.dtype);
   options.seed = o.seed;
-  const pipeline::TinyPipelineReport report = pipeline::write_tiny_pipeline(o.out, options);
+  const fixtures::TinyPipelineReport report = fixtures::write_tiny_pipeline(o.out, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   uint64_t total = 0;
   std::cout << "wrote " << o.out << " (tiny FLUX pipeline, " << o.dtype << ", seed " << o.seed << "):\n";
@@ -146,10 +142,10 @@ CommandRegistrar random("make-random", 61, [](CLI::App& root) {
                 "write safetensors headers only and leave the data as holes (instant; for plan/inspect tests, "
                 "weights read as zeros)");
   cmd->callback([o] {
-    const pipeline::FluxArch arch = pipeline::parse_flux_arch(o->arch);
+    const fixtures::FluxArch arch = fixtures::parse_flux_arch(o->arch);
     if (o->pipeline) return make_random_pipeline(*o);
     models::FluxConfig config = models::FluxConfig::flux_dev();
-    config.guidance_embeds = arch == pipeline::FluxArch::dev;
+    config.guidance_embeds = arch == fixtures::FluxArch::dev;
     make_folder(*o, config);
   });
 });

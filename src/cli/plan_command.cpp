@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "core/error.h"
+#include "io/run_dtype.h"
 #include "placement/plan.h"
 
 namespace dp::cli {
@@ -19,7 +20,7 @@ struct PlanOptions {
   placement::PlanRequest request;
   std::string max_memory;
   std::string components;
-  std::string dtype = "bfloat16";
+  std::string dtype = "bf16";
   std::string block_times;
   std::string block_times_at = "1024x1024";
   std::string gpu_memory = "141GB";
@@ -147,7 +148,7 @@ void print_plan(const nlohmann::ordered_json& plan) {
 
 void run_plan(PlanOptions& o) {
   auto& r = o.request;
-  r.dtype = placement::parse_run_dtype(o.dtype);
+  r.dtype = io::parse_run_dtype(o.dtype);
   if (!o.max_memory.empty()) r.max_memory = placement::read_max_memory_argument(o.max_memory);
   r.pipeline_components = split_commas(o.components);
   r.gpu_memory_bytes = placement::parse_memory_size(o.gpu_memory, "--gpu-memory");
@@ -196,7 +197,7 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--height", o->request.timing.height, "image height for activation and time estimates")->capture_default_str();
   cmd->add_option("--width", o->request.timing.width, "image width")->capture_default_str();
   cmd->add_option("--batch", o->request.timing.batch, "images per micro-batch")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "run dtype: bfloat16, float16 or float32")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "run dtype: bf16, fp16 or fp32")->capture_default_str();
   cmd->add_option("--block-times", o->block_times,
                   "measured ms per double,single block (H200 bf16 at 1024x1024: 3.07,2.85); default: FLOPs only");
   cmd->add_option("--block-times-at", o->block_times_at, "resolution the block times were measured at")->capture_default_str();

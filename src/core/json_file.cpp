@@ -4,14 +4,13 @@
 #include <sstream>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace dp {
 
 void write_json_file(const std::string& path, const nlohmann::json& doc) {
-  std::ofstream file(path, std::ios::binary);
-  file << doc.dump(2) << "\n";
-  DP_CHECK(file.good(), path, ": write failed");
+  write_file_atomically(path, doc.dump(2) + "\n");
 }
 
 nlohmann::json read_json_file(const std::string& path) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace dp::io {
@@ -60,7 +61,8 @@ void write_latents_hdf5(const std::string& path, const LatentsFile& file) {
     count *= static_cast<size_t>(d);
   }
   DP_CHECK(count == file.values.size(), path, ": shape holds ", count, " values but ", file.values.size(), " given");
-  const std::string tmp = path + ".partial";
+  AtomicFile output(path);
+  const std::string& tmp = output.temp_path();
   {
     Handle h5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     DP_CHECK(h5.ok(), tmp, ": cannot create HDF5 file");
@@ -76,7 +78,7 @@ void write_latents_hdf5(const std::string& path, const LatentsFile& file) {
     for (const auto& [name, value] : file.text_attributes) write_text_attribute(h5.get(), name, value, tmp);
     DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, tmp, ": flush failed");
   }
-  std::filesystem::rename(tmp, path);
+  output.commit();
 }
 
 LatentsFile read_latents_hdf5(const std::string& path) {

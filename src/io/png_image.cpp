@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace dp::io {
@@ -29,7 +30,8 @@ void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, 
   DP_CHECK(width > 0 && height > 0, path, ": invalid image size ", width, "x", height);
   DP_CHECK(pixels.size() == static_cast<size_t>(width) * height * 3, path, ": expected ", width * height * 3,
            " bytes of RGB, got ", pixels.size());
-  const std::string tmp = path + ".partial";
+  AtomicFile output(path);
+  const std::string& tmp = output.temp_path();
   {
     File file;
     file.handle = std::fopen(tmp.c_str(), "wb");
@@ -50,9 +52,9 @@ void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, 
       DP_FAIL(path, ": PNG write failed: ", e.what());
     }
     png_destroy_write_struct(&png, &info);
-    DP_CHECK(std::fflush(file.handle) == 0, tmp, ": write failed");
+    DP_CHECK(std::fflush(file.handle) == 0, path, ": write failed");
   }
-  std::filesystem::rename(tmp, path);
+  output.commit();
 }
 
 std::vector<uint8_t> read_png_rgb(const std::string& path, int* width, int* height) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace dp::io {
@@ -31,7 +32,8 @@ void SafetensorsWriter::write(const std::string& path,
   std::string text = header.dump();
   // Pad with spaces so the data buffer starts 8-byte aligned, as the reference writer does.
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
-  const std::string tmp = path + ".partial";
+  AtomicFile output(path);
+  const std::string& tmp = output.temp_path();
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     DP_CHECK(out.good(), tmp, ": cannot open for writing");
@@ -54,7 +56,7 @@ void SafetensorsWriter::write(const std::string& path,
       DP_CHECK(out.good(), tmp, ": write failed");
     }
   }
-  std::filesystem::rename(tmp, path);
+  output.commit();
 }
 
 }  // namespace dp::io

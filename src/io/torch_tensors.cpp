@@ -25,21 +25,11 @@ at::ScalarType to_scalar_type(DType dtype) {
   DP_FAIL("unhandled safetensors dtype");
 }
 
-at::ScalarType parse_run_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32") return at::kFloat;
-  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
-  if (name == "fp16" || name == "float16") return at::kHalf;
-  DP_FAIL("unknown dtype '", name, "' (expected fp32, bf16 or fp16)");
+at::ScalarType parse_run_scalar_type(const std::string& name, const std::string& what) {
+  return to_scalar_type(parse_run_dtype(name, what));
 }
 
-std::string run_dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    default: return c10::toString(dtype);
-  }
-}
+std::string run_dtype_name(at::ScalarType dtype) { return run_dtype_name(to_safetensors_dtype(dtype)); }
 
 at::Tensor tensor_view(const std::shared_ptr<SafetensorsFile>& file, const TensorInfo& info) {
   const auto options = at::TensorOptions().dtype(to_scalar_type(info.dtype));

@@ -5,14 +5,15 @@
 #include <map>
 #include <string>
 
+#include "io/run_dtype.h"
 #include "io/safetensors.h"
 #include "io/weight_index.h"
 
 namespace dp::io {
 
 at::ScalarType to_scalar_type(DType dtype);
-// Parses "fp32" | "bf16" | "fp16" (also "float32", "bfloat16", "float16"); throws naming the value.
-at::ScalarType parse_run_dtype(const std::string& name);
+// io/run_dtype's parser and canonical names, for LibTorch's dtypes.
+at::ScalarType parse_run_scalar_type(const std::string& name, const std::string& what = "--dtype");
 std::string run_dtype_name(at::ScalarType dtype);
 
 // A tensor viewing the mapped bytes when they are aligned for the element type (the file stays mapped

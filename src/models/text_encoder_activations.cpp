@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "models/activation_names.h"
 
 namespace dp::models {
 namespace {
@@ -34,16 +35,15 @@ at::Tensor tanh_activation(const at::Tensor& x) { return at::tanh(x); }
 }  // namespace
 
 Activation text_encoder_activation(const std::string& name, const std::string& source) {
+  check_activation_name(name, text_encoder_activation_names(), source, "activation");
   static const std::pair<const char*, Activation> table[] = {
       {"gelu", gelu_erf},       {"gelu_new", gelu_new}, {"gelu_pytorch_tanh", gelu_tanh},
       {"gelu_fast", gelu_fast}, {"quick_gelu", quick_gelu}, {"relu", relu},
       {"silu", silu},           {"swish", silu},          {"tanh", tanh_activation}};
-  std::string known;
   for (const auto& [key, fn] : table) {
     if (name == key) return fn;
-    known += known.empty() ? key : std::string(", ") + key;
   }
-  DP_FAIL(source, ": unsupported activation '", name, "' (supported: ", known, ")");
+  DP_FAIL(source, ": activation '", name, "' is listed in activation_names.cpp but has no implementation");
 }
 
 }  // namespace dp::models

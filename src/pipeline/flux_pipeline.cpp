@@ -8,36 +8,23 @@
 #include <iomanip>
 #include <utility>
 
-#include "core/device_stats.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
-#include "models/clip_text_model.h"
-#include "models/clip_tokenizer.h"
-#include "models/flow_match_scheduler.h"
-#include "models/flux_transformer.h"
-#include "models/t5_encoder.h"
-#include "models/t5_tokenizer.h"
-#include "models/vae.h"
+#include "core/memory_stats.h"
+#include "models/clip/clip_text_model.h"
+#include "tokenizers/clip_tokenizer.h"
+#include "schedulers/flow_match_scheduler.h"
+#include "models/flux/flux_transformer.h"
+#include "models/t5/t5_encoder.h"
+#include "tokenizers/t5_tokenizer.h"
+#include "models/vae/vae.h"
+#include "pipeline/device_stats.h"
 
 namespace fs = std::filesystem;
 
 namespace dp::pipeline {
 namespace {
-
-// Resets the kernel's peak-RSS counter (VmHWM) so each stage reports its own peak.
-void reset_peak_resident() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-}
-
-uint64_t peak_resident() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  return 0;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -58,7 +45,7 @@ class StageTimer {
   ~StageTimer() {
     synchronize(device_);
     report_.seconds = seconds_since(started_);
-    report_.peak_resident_bytes = peak_resident();
+    report_.peak_resident_bytes = peak_resident_bytes();
     report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
     DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
             report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
@@ -134,7 +121,7 @@ PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
   PromptEmbeddings out;
   {
     const auto rows = timer.timed("CLIP tokenizer", [&] {
-      const auto tokenizer = models::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
+      const auto tokenizer = tokenizers::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
       std::vector<std::vector<int64_t>> ids;
       for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt));
       return ids;
@@ -149,7 +136,7 @@ PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
   }  // CLIP released here
   {
     const auto rows = timer.timed("T5 tokenizer", [&] {
-      const auto tokenizer = models::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
+      const auto tokenizer = tokenizers::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
       std::vector<std::vector<int64_t>> ids;
       for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
       return ids;
@@ -184,10 +171,10 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
   c10::InferenceMode guard;
   StageTimer timer("denoise", request.device, &reports_);
   const auto scheduler_dir = folder_.component("scheduler").path;
-  auto scheduler_config = models::FlowMatchSchedulerConfig::from_file(scheduler_dir + "/scheduler_config.json");
-  models::FlowMatchEulerScheduler scheduler(scheduler_config);
-  const double mu = models::flux_calculate_shift(latents.size(1), scheduler_config);
-  scheduler.set_timesteps_from_sigmas(models::flux_default_sigmas(request.steps), &mu);
+  auto scheduler_config = schedulers::FlowMatchSchedulerConfig::from_file(scheduler_dir + "/scheduler_config.json");
+  schedulers::FlowMatchEulerScheduler scheduler(scheduler_config);
+  const double mu = schedulers::flux_calculate_shift(latents.size(1), scheduler_config);
+  scheduler.set_timesteps_from_sigmas(schedulers::flux_default_sigmas(request.steps), &mu);
 
   const auto transformer = timer.loading("transformer load", [&] {
     return models::FluxTransformer::load(folder_.component("transformer").path, request.dtype, request.device);

@@ -6,7 +6,7 @@
 
 #include "io/safetensors.h"
 #include "io/weight_index.h"
-#include "models/flux_config.h"
+#include "models/flux/flux_config.h"
 #include "placement/module_tree.h"
 
 namespace dp::placement {

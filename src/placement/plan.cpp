@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "io/model_folder.h"
+#include "io/run_dtype.h"
 #include "io/weight_index.h"
 #include "placement/auto_device_map.h"
 #include "placement/component_placement.h"
@@ -16,21 +17,6 @@
 namespace fs = std::filesystem;
 
 namespace dp::placement {
-
-io::DType parse_run_dtype(const std::string& name) {
-  if (name == "bfloat16" || name == "bf16") return io::DType::BF16;
-  if (name == "float16" || name == "fp16") return io::DType::F16;
-  if (name == "float32" || name == "fp32") return io::DType::F32;
-  DP_FAIL("--dtype '", name, "' is not a run dtype; use bfloat16, float16 or float32");
-}
-
-std::string run_dtype_name(io::DType dtype) {
-  switch (dtype) {
-    case io::DType::BF16: return "bfloat16";
-    case io::DType::F16: return "float16";
-    default: return "float32";
-  }
-}
 
 MaxMemory read_max_memory_argument(const std::string& argument) {
   if (argument.size() > 5 && argument.compare(argument.size() - 5, 5, ".json") == 0)
@@ -137,7 +123,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   std::vector<int> world_gpus;
   for (int g = 0; g < world; ++g) world_gpus.push_back(g);
 
-  nlohmann::ordered_json plan = {{"model", request.model_dir}, {"dtype", run_dtype_name(request.dtype)},
+  nlohmann::ordered_json plan = {{"model", request.model_dir}, {"dtype", io::run_dtype_name(request.dtype)},
                                  {"world_size", world}, {"max_memory", max_memory.to_json()},
                                  {"max_memory_from", user_set ? "--max-memory" : "assumed free memory per GPU"}};
   const Transformer t = load_transformer(folder, request.dtype);

@@ -28,10 +28,6 @@ struct PlanRequest {
   int64_t cpu_memory_bytes = 128'000'000'000;
 };
 
-// "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32"; throws naming the value.
-io::DType parse_run_dtype(const std::string& name);
-std::string run_dtype_name(io::DType dtype);
-
 // Reads --max-memory: a JSON file path (an object of device -> size) or the inline "0=16GB,cpu=64GB" form.
 MaxMemory read_max_memory_argument(const std::string& argument);
 

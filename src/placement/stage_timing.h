@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "models/flux_config.h"
+#include "models/flux/flux_config.h"
 #include "placement/auto_device_map.h"
 #include "placement/module_tree.h"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds a libFuzzer target with clang (no CMake, no LibTorch: the parser only needs nlohmann_json) and
-# runs it for a fixed time over a copy of the committed seed corpus.
+# Builds a libFuzzer target with clang in a torch-free CMake build (DIFFPIPE_FUZZ=ON: the parsers' rooms are
+# compiled with coverage and sanitizers, LibTorch is never configured) and runs it for a fixed time over a
+# copy of the committed seed corpus.
 #
 #   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index]
 #
@@ -17,31 +18,21 @@ out="$root/build-fuzz"
 cxx=${CXX_FUZZ:-clang++}
 
 case "$target" in
-  safetensors) sources=(src/io/safetensors.cpp src/core/error.cpp) ;;
-  index) sources=(src/io/weight_index.cpp src/core/json_file.cpp src/io/safetensors.cpp src/core/error.cpp) ;;
+  safetensors|index) ;;
   *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index)" >&2; exit 2 ;;
 esac
-fuzz_source="tests/fuzz/${target}_fuzz.cpp"
-binary="$out/${target}_fuzz"
+binary="$out/tests/fuzz/${target}_fuzz"
 seeds="$root/tests/fuzz/corpus/$target"
 work="$out/corpus-$target"
 artifacts="$out/artifacts/$target"
 mkdir -p "$out" "$work" "$artifacts"
 
-# Rebuild only when a source is newer than the binary: the nlohmann-heavy TUs take a while under ASan.
-need_build=0
-[[ -x "$binary" ]] || need_build=1
-for f in "$fuzz_source" "${sources[@]}" src/io/safetensors.h src/io/weight_index.h src/core/error.h \
-         src/core/json_file.h "$0"; do
-  [[ "$root/$f" -nt "$binary" ]] && need_build=1
-done
-if (( need_build )); then
-  echo "run_fuzz.sh: building $binary" >&2
-  # -fno-sanitize-recover: a UBSan report must stop the run and leave an artifact, not scroll past.
-  (cd "$root" && "$cxx" -std=c++17 -O1 -g -fno-omit-frame-pointer \
-      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-      -DDP_WITH_LIBFUZZER -I src "$fuzz_source" "${sources[@]}" -o "$binary")
+# CMake rebuilds only what changed; the nlohmann-heavy translation units take a while under ASan.
+if [[ ! -f "$out/CMakeCache.txt" ]]; then
+  cmake -S "$root" -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
+    -DCMAKE_C_COMPILER="${CC_FUZZ:-clang}" -DDIFFPIPE_WITH_TORCH=OFF -DDIFFPIPE_FUZZ=ON >/dev/null
 fi
+cmake --build "$out" --target "${target}_fuzz" -j "${FUZZ_BUILD_JOBS:-2}" >/dev/null
 
 # The working corpus is a copy, so libFuzzer can add and reduce files without touching the committed seeds.
 cp -n "$seeds"/* "$work"/ 2>/dev/null || true

@@ -13,7 +13,7 @@
 #include "core/json_file.h"
 #include "io/safetensors_writer.h"
 #include "io/torch_tensors.h"
-#include "models/flux_transformer.h"
+#include "models/flux/flux_transformer.h"
 #include "test_support.h"
 
 namespace dp::models {

@@ -7,8 +7,8 @@
 #include <cstdlib>
 
 #include "core/error.h"
-#include "models/flux_fused.h"
-#include "models/flux_layers.h"
+#include "models/flux/flux_fused.h"
+#include "models/flux/flux_layers.h"
 #include "test_support.h"
 
 namespace dp::models::flux {

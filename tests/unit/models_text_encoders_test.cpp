@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
-#include "models/clip_text_model.h"
-#include "models/t5_encoder.h"
+#include "models/clip/clip_text_model.h"
+#include "models/t5/t5_encoder.h"
 #include "encoders_oracle.h"
 #include "test_support.h"
 

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "encoders_oracle.h"
-#include "models/vae.h"
+#include "models/vae/vae.h"
 #include "test_support.h"
 
 namespace dp::models {

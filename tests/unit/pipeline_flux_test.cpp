@@ -167,7 +167,7 @@ TEST(GenerateCommand, BadInputsFailClearly) {
   const std::string small = " --height 32 --width 32";
   const std::string base = "--model " + c.dir + "/pipe --prompt cat --steps 1 --out " + tmp + "/x.png";
   expect_failure(base + " --height 100 --width 32", "multiple of 16, got 100");
-  expect_failure(base + small + " --dtype fp8", "unknown dtype 'fp8'");
+  expect_failure(base + small + " --dtype fp8", "--dtype 'fp8' is not a run dtype");
   dp::test::write_file(tmp + "/empty.txt", "\n  \n");
   expect_failure("--model " + c.dir + "/pipe --prompts-file " + tmp + "/empty.txt", "has no prompt");
   expect_failure("--model " + c.dir + "/pipe", "at least one --prompt");

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "io/safetensors_writer.h"
-#include "models/flux_config.h"
+#include "models/flux/flux_config.h"
 #include "placement/auto_device_map.h"
 #include "placement/custom_device_map.h"
 #include "placement/device.h"

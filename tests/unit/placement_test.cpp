@@ -13,9 +13,10 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "io/model_folder.h"
+#include "io/run_dtype.h"
 #include "io/safetensors_writer.h"
 #include "io/weight_index.h"
-#include "models/flux_config.h"
+#include "models/flux/flux_config.h"
 #include "placement/auto_device_map.h"
 #include "placement/component_placement.h"
 #include "placement/custom_device_map.h"
@@ -122,7 +123,7 @@ TEST(PlacementOracle, ModelLevelMapsMatchAccelerate) {
     const auto config_json = read_json_file(oracle_dir() + "/configs/" + config_name + ".json");
     const std::string model = header_only_model(config_json, config_name);
     const auto config = models::FluxConfig::from_json(config_json, config_name);
-    const io::DType dtype = parse_run_dtype(c["dtype"].get<std::string>());
+    const io::DType dtype = io::parse_run_dtype(c["dtype"].get<std::string>());
     const ModuleTree tree = flux_module_tree(config, io::WeightIndex::open_dir(model + "/transformer"), dtype);
     ASSERT_EQ(tree.total_bytes(), c["total_bytes"].get<int64_t>());
     Strategy strategy;

@@ -1,0 +1,116 @@
+#include "models/clip/clip_text_model.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+
+#include "core/error.h"
+#include "core/json_file.h"
+#include "io/weight_index.h"
+
+namespace dp::models {
+
+ClipTextModel::LayerNorm ClipTextModel::LayerNorm::load(const ModuleWeights& w, const std::string& name,
+                                                        int64_t dim, double eps) {
+  const ModuleWeights scope = w.child(name);
+  return {scope.get_shaped("weight", {dim}), scope.get_shaped("bias", {dim}), eps};
+}
+
+at::Tensor ClipTextModel::LayerNorm::operator()(const at::Tensor& x) const {
+  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
+ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, at::Device device) {
+  DP_CHECK(std::filesystem::is_directory(dir), dir, ": CLIP text encoder folder not found");
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  ClipTextModel model;
+  model.config_ = ClipTextConfig::from_json(read_json_file(config_path), config_path);
+  model.dtype_ = dtype;
+  model.device_ = device;
+  const ClipTextConfig& c = model.config_;
+  model.activation_ = text_encoder_activation(c.hidden_act, config_path);
+
+  auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
+  // transformers 5 dropped the CLIPTextTransformer wrapper and renames "text_model.*" on load.
+  const bool prefixed = index->contains("text_model.embeddings.token_embedding.weight");
+  const ModuleWeights root = ModuleWeights(index, dtype, device, prefixed ? "text_model" : "");
+
+  const int64_t d = c.hidden_size;
+  model.token_embedding_ = root.get_shaped("embeddings.token_embedding.weight", {c.vocab_size, d});
+  model.position_embedding_ = root.get_shaped("embeddings.position_embedding.weight", {c.max_position_embeddings, d});
+  const ModuleWeights layers = root.child("encoder.layers");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const ModuleWeights w = layers.child(std::to_string(i));
+    const ModuleWeights attn = w.child("self_attn");
+    const ModuleWeights mlp = w.child("mlp");
+    EncoderLayer layer;
+    layer.layer_norm1 = LayerNorm::load(w, "layer_norm1", d, c.layer_norm_eps);
+    layer.q_proj = Linear::load(attn, "q_proj", d, d);
+    layer.k_proj = Linear::load(attn, "k_proj", d, d);
+    layer.v_proj = Linear::load(attn, "v_proj", d, d);
+    layer.out_proj = Linear::load(attn, "out_proj", d, d);
+    layer.layer_norm2 = LayerNorm::load(w, "layer_norm2", d, c.layer_norm_eps);
+    layer.fc1 = Linear::load(mlp, "fc1", d, c.intermediate_size);
+    layer.fc2 = Linear::load(mlp, "fc2", c.intermediate_size, d);
+    model.layers_.push_back(std::move(layer));
+  }
+  model.final_layer_norm_ = LayerNorm::load(root, "final_layer_norm", d, c.layer_norm_eps);
+  return model;
+}
+
+at::Tensor ClipTextModel::encoder_layer(const EncoderLayer& layer, const at::Tensor& hidden) const {
+  const int64_t batch = hidden.size(0), seq = hidden.size(1);
+  const int64_t heads = config_.num_attention_heads, head_dim = config_.head_dim();
+  const at::Tensor normed = layer.layer_norm1(hidden);
+  auto split_heads = [&](const at::Tensor& x) { return x.view({batch, seq, heads, head_dim}).transpose(1, 2); };
+  const at::Tensor q = split_heads(layer.q_proj(normed));
+  const at::Tensor k = split_heads(layer.k_proj(normed));
+  const at::Tensor v = split_heads(layer.v_proj(normed));
+  // transformers 5 runs CLIP through SDPA by default; without a padding mask it passes is_causal=True and
+  // scale head_dim**-0.5, so the same call gives the same kernel and rounding.
+  const at::Tensor attended =
+      at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::pow(double(head_dim), -0.5))
+          .transpose(1, 2)
+          .contiguous()
+          .reshape({batch, seq, heads * head_dim});
+  const at::Tensor after_attention = hidden + layer.out_proj(attended);
+  const at::Tensor mlp = layer.fc2(activation_(layer.fc1(layer.layer_norm2(after_attention))));
+  return after_attention + mlp;
+}
+
+at::Tensor ClipTextModel::eos_positions(const at::Tensor& ids) const {
+  // The reference casts to int32 before argmax (an ONNX habit); ids are far below 2^31 so it changes nothing.
+  const at::Tensor ids32 = ids.to(at::kInt);
+  if (config_.pools_at_largest_id()) return ids32.argmax(-1);
+  // First position holding eos (pad may equal eos); a row without eos pools position 0, as the reference does.
+  return ids32.eq(config_.eos_token_id).to(at::kInt).argmax(-1);
+}
+
+ClipTextModel::Output ClipTextModel::forward(const at::Tensor& input_ids) const {
+  c10::InferenceMode inference;
+  DP_CHECK(input_ids.defined() && input_ids.dim() == 2, "CLIP text encoder: input_ids must be (batch, sequence), got ",
+           input_ids.defined() ? input_ids.sizes() : at::IntArrayRef{});
+  DP_CHECK(!at::isFloatingType(input_ids.scalar_type()) && input_ids.scalar_type() != at::kBool,
+           "CLIP text encoder: input_ids must hold integer token ids, got ", input_ids.scalar_type());
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  DP_CHECK(seq >= 1 && seq <= config_.max_position_embeddings, "CLIP text encoder: sequence length ", seq,
+           " must be in [1, max_position_embeddings = ", config_.max_position_embeddings, "]");
+  if (input_ids.numel() > 0) {
+    const int64_t low = input_ids.min().item<int64_t>(), high = input_ids.max().item<int64_t>();
+    DP_CHECK(low >= 0 && high < config_.vocab_size, "CLIP text encoder: token ids must be in [0, ",
+             config_.vocab_size, "), got range [", low, ", ", high, "]");
+  }
+
+  const at::Tensor ids = input_ids.to(device_, at::kLong);
+  at::Tensor hidden = at::embedding(token_embedding_, ids) + position_embedding_.narrow(0, 0, seq).unsqueeze(0);
+  for (const EncoderLayer& layer : layers_) hidden = encoder_layer(layer, hidden);
+  hidden = final_layer_norm_(hidden);
+
+  const at::Tensor rows = at::arange(batch, ids.options()) * seq + eos_positions(ids).to(at::kLong);
+  const at::Tensor pooled = hidden.reshape({batch * seq, hidden.size(2)}).index_select(0, rows);
+  return {hidden, pooled};
+}
+
+}  // namespace dp::models

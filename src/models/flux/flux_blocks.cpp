@@ -1,0 +1,127 @@
+#include "models/flux/flux_blocks.h"
+
+#include "models/flux/flux_fused.h"
+
+namespace dp::models::flux {
+namespace {
+
+at::Tensor clip_if_half(const at::Tensor& x) {
+  return x.scalar_type() == at::kHalf ? x.clip(-65504, 65504) : x;
+}
+
+at::Tensor feed_forward(const Linear& in, const Linear& out, const at::Tensor& x) {
+  return out(linear_gelu_tanh(x, in));
+}
+
+// [text, image] along the tokens. After a single block the two are adjacent slices of one tensor, so from
+// the second single block on this is a view of it rather than a copy.
+at::Tensor joined(const at::Tensor& text, const at::Tensor& image) {
+  const int64_t width = text.size(2), tokens = text.size(1) + image.size(1);
+  const bool adjacent = text.is_alias_of(image) && text.scalar_type() == image.scalar_type() &&
+                        text.size(0) == image.size(0) && image.size(2) == width && text.stride(2) == 1 &&
+                        image.stride(2) == 1 && text.stride(1) == width && image.stride(1) == width &&
+                        text.stride(0) == tokens * width && image.stride(0) == tokens * width &&
+                        image.storage_offset() == text.storage_offset() + text.size(1) * width;
+  if (adjacent) return text.as_strided({text.size(0), tokens, width}, {tokens * width, width, 1});
+  return at::cat({text, image}, 1);
+}
+
+Linear concat(const std::vector<Linear>& parts) {
+  std::vector<at::Tensor> weights, biases;
+  for (const auto& p : parts) {
+    weights.push_back(p.weight);
+    biases.push_back(p.bias);
+  }
+  return {at::cat(weights, 0), at::cat(biases, 0)};
+}
+
+}  // namespace
+
+AttentionWeights AttentionWeights::load(const ModuleWeights& w, const FluxConfig& c, bool joint) {
+  const int64_t dim = c.inner_dim();
+  AttentionWeights a;
+  a.qkv = concat({Linear::load(w, "to_q", dim, dim), Linear::load(w, "to_k", dim, dim), Linear::load(w, "to_v", dim, dim)});
+  a.norm_q = w.get_shaped("norm_q.weight", {c.attention_head_dim});
+  a.norm_k = w.get_shaped("norm_k.weight", {c.attention_head_dim});
+  if (joint) {
+    a.to_out = Linear::load(w, "to_out.0", dim, dim);
+    a.added_qkv = concat({Linear::load(w, "add_q_proj", dim, dim), Linear::load(w, "add_k_proj", dim, dim),
+                          Linear::load(w, "add_v_proj", dim, dim)});
+    a.to_add_out = Linear::load(w, "to_add_out", dim, dim);
+    a.norm_added_q = w.get_shaped("norm_added_q.weight", {c.attention_head_dim});
+    a.norm_added_k = w.get_shaped("norm_added_k.weight", {c.attention_head_dim});
+  }
+  return a;
+}
+
+DoubleBlock DoubleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
+  const int64_t dim = c.inner_dim();
+  DoubleBlock b;
+  b.head_dim = c.attention_head_dim;
+  b.norm1 = Linear::load(w, "norm1.linear", dim, 6 * dim);
+  b.norm1_context = Linear::load(w, "norm1_context.linear", dim, 6 * dim);
+  b.attn = AttentionWeights::load(w.child("attn"), c, /*joint=*/true);
+  b.ff_in = Linear::load(w, "ff.net.0.proj", dim, 4 * dim);
+  b.ff_out = Linear::load(w, "ff.net.2", 4 * dim, dim);
+  b.ff_context_in = Linear::load(w, "ff_context.net.0.proj", dim, 4 * dim);
+  b.ff_context_out = Linear::load(w, "ff_context.net.2", 4 * dim, dim);
+  return b;
+}
+
+void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
+                          const RotaryTables& rope) const {
+  const at::Tensor act = at::silu(temb);
+  const auto mod = norm1(act).chunk(6, 1);  // shift, scale, gate for attention, then for the MLP
+  const auto cmod = norm1_context(act).chunk(6, 1);
+  const at::Tensor norm_image = layer_norm_modulate(image, mod[0], mod[1]);
+  const at::Tensor norm_text = layer_norm_modulate(text, cmod[0], cmod[1]);
+
+  // Joint attention runs over [text, image]: each stream's projection fills its own rows.
+  const int64_t text_len = text.size(1);
+  AttentionInputs joint_in = empty_attention_inputs(image.size(0), text_len + image.size(1),
+                                                    norm_image.size(-1) / head_dim, head_dim, norm_image.options());
+  fill_attention_inputs(attn.added_qkv(norm_text), attn.norm_added_q, attn.norm_added_k, rope, 0, joint_in);
+  fill_attention_inputs(attn.qkv(norm_image), attn.norm_q, attn.norm_k, rope, text_len, joint_in);
+  const at::Tensor joint = attention(joint_in.q, joint_in.k, joint_in.v);
+  const at::Tensor text_attn = attn.to_add_out(joint.slice(1, 0, text_len).contiguous());
+  const at::Tensor image_attn = attn.to_out(joint.slice(1, text_len).contiguous());
+
+  image = add_gated(image, mod[2], image_attn);
+  image = add_gated(image, mod[5], feed_forward(ff_in, ff_out, layer_norm_modulate(image, mod[3], mod[4])));
+  text = add_gated(text, cmod[2], text_attn);
+  text = add_gated(text, cmod[5], feed_forward(ff_context_in, ff_context_out, layer_norm_modulate(text, cmod[3], cmod[4])));
+  text = clip_if_half(text);
+}
+
+SingleBlock SingleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
+  const int64_t dim = c.inner_dim();
+  SingleBlock b;
+  b.head_dim = c.attention_head_dim;
+  b.norm = Linear::load(w, "norm.linear", dim, 3 * dim);
+  b.proj_mlp = Linear::load(w, "proj_mlp", dim, c.mlp_hidden_dim());
+  b.proj_out = Linear::load(w, "proj_out", dim + c.mlp_hidden_dim(), dim);
+  b.attn = AttentionWeights::load(w.child("attn"), c, /*joint=*/false);
+  return b;
+}
+
+void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
+                          const RotaryTables& rope) const {
+  const int64_t text_len = text.size(1);
+  const at::Tensor residual = joined(text, image);
+  const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
+  const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
+  const int64_t dim = normed.size(-1);
+  const int64_t mlp_dim = proj_mlp.weight.size(0);
+  AttentionInputs attention_in =
+      empty_attention_inputs(normed.size(0), normed.size(1), dim / head_dim, head_dim, normed.options());
+  fill_attention_inputs(attn.qkv(normed), attn.norm_q, attn.norm_k, rope, 0, attention_in);
+  // proj_out reads [attention, gelu(mlp)]: both are written straight into one buffer instead of concatenated.
+  const at::Tensor mixed = at::empty({normed.size(0), normed.size(1), dim + mlp_dim}, normed.options());
+  linear_gelu_tanh_into(normed, proj_mlp, mixed.narrow(-1, dim, mlp_dim));
+  mixed.narrow(-1, 0, dim).copy_(attention(attention_in.q, attention_in.k, attention_in.v));
+  const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], proj_out(mixed)));
+  text = joint.slice(1, 0, text_len);
+  image = joint.slice(1, text_len);
+}
+
+}  // namespace dp::models::flux

@@ -1,0 +1,43 @@
+#pragma once
+// The two FLUX block kinds, holding their weights under the checkpoint's key names.
+#include <ATen/ATen.h>
+
+#include "models/flux/flux_config.h"
+#include "models/flux/flux_layers.h"
+#include "models/module_weights.h"
+
+namespace dp::models::flux {
+
+struct AttentionWeights {
+  // to_q, to_k and to_v read the same input, so they run as one GEMM over concatenated weights.
+  Linear qkv;
+  at::Tensor norm_q, norm_k;
+  // Double blocks only: output projection and the text-stream projections.
+  Linear to_out, added_qkv, to_add_out;
+  at::Tensor norm_added_q, norm_added_k;
+  static AttentionWeights load(const ModuleWeights& w, const FluxConfig& c, bool joint);
+};
+
+// FluxTransformerBlock: separate image and text streams meeting in joint attention.
+struct DoubleBlock {
+  Linear norm1, norm1_context;  // AdaLayerNormZero projections (dim -> 6 dim)
+  AttentionWeights attn;
+  Linear ff_in, ff_out, ff_context_in, ff_context_out;
+  int64_t head_dim = 0;
+  static DoubleBlock load(const ModuleWeights& w, const FluxConfig& c);
+  // Updates image (B, N, D) and text (B, T, D) in place of the caller's handles.
+  void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;
+};
+
+// FluxSingleTransformerBlock: one stream over [text, image], attention and MLP in parallel.
+struct SingleBlock {
+  Linear norm;  // AdaLayerNormZeroSingle projection (dim -> 3 dim)
+  // proj_mlp is its own GEMM (not fused with q, k, v) so that its GELU can run in the GEMM's epilogue.
+  Linear proj_mlp, proj_out;
+  AttentionWeights attn;
+  int64_t head_dim = 0;
+  static SingleBlock load(const ModuleWeights& w, const FluxConfig& c);
+  void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;
+};
+
+}  // namespace dp::models::flux

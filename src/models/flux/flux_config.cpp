@@ -1,0 +1,134 @@
+#include "models/flux/flux_config.h"
+
+#include <numeric>
+
+#include "core/error.h"
+#include "core/json_file.h"
+
+namespace dp::models {
+
+FluxConfig FluxConfig::from_json(const nlohmann::json& doc, const std::string& source) {
+  FluxConfig c;
+  c.patch_size = json_get_or<int64_t>(doc, "patch_size", c.patch_size, source);
+  c.in_channels = json_get_or<int64_t>(doc, "in_channels", c.in_channels, source);
+  c.out_channels = json_get_or<int64_t>(doc, "out_channels", 0, source);
+  c.num_layers = json_get_or<int64_t>(doc, "num_layers", c.num_layers, source);
+  c.num_single_layers = json_get_or<int64_t>(doc, "num_single_layers", c.num_single_layers, source);
+  c.attention_head_dim = json_get_or<int64_t>(doc, "attention_head_dim", c.attention_head_dim, source);
+  c.num_attention_heads = json_get_or<int64_t>(doc, "num_attention_heads", c.num_attention_heads, source);
+  c.joint_attention_dim = json_get_or<int64_t>(doc, "joint_attention_dim", c.joint_attention_dim, source);
+  c.pooled_projection_dim = json_get_or<int64_t>(doc, "pooled_projection_dim", c.pooled_projection_dim, source);
+  c.guidance_embeds = json_get_or<bool>(doc, "guidance_embeds", c.guidance_embeds, source);
+  c.axes_dims_rope = json_get_or<std::vector<int64_t>>(doc, "axes_dims_rope", c.axes_dims_rope, source);
+
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"patch_size", c.patch_size},
+                             {"in_channels", c.in_channels},
+                             {"attention_head_dim", c.attention_head_dim},
+                             {"num_attention_heads", c.num_attention_heads},
+                             {"joint_attention_dim", c.joint_attention_dim},
+                             {"pooled_projection_dim", c.pooled_projection_dim}}) {
+    DP_CHECK(value > 0, source, ": ", name, " must be positive, got ", value);
+  }
+  DP_CHECK(c.out_channels >= 0, source, ": out_channels must be positive or null, got ", c.out_channels);
+  DP_CHECK(c.num_layers >= 0 && c.num_single_layers >= 0, source, ": num_layers and num_single_layers must be >= 0");
+  DP_CHECK(c.attention_head_dim % 2 == 0, source, ": attention_head_dim must be even for RoPE, got ",
+           c.attention_head_dim);
+  int64_t rope_sum = 0;
+  for (int64_t d : c.axes_dims_rope) {
+    DP_CHECK(d > 0 && d % 2 == 0, source, ": every axes_dims_rope entry must be positive and even, got ", d);
+    rope_sum += d;
+  }
+  DP_CHECK(c.axes_dims_rope.size() == 3, source, ": axes_dims_rope must have 3 entries (text/row/column ids), got ",
+           c.axes_dims_rope.size());
+  DP_CHECK(rope_sum == c.attention_head_dim, source, ": axes_dims_rope sums to ", rope_sum,
+           " but attention_head_dim is ", c.attention_head_dim);
+  return c;
+}
+
+nlohmann::json FluxConfig::to_json() const {
+  return {{"_class_name", "FluxTransformer2DModel"},
+          {"patch_size", patch_size},
+          {"in_channels", in_channels},
+          {"out_channels", out_channels > 0 ? nlohmann::json(out_channels) : nlohmann::json(nullptr)},
+          {"num_layers", num_layers},
+          {"num_single_layers", num_single_layers},
+          {"attention_head_dim", attention_head_dim},
+          {"num_attention_heads", num_attention_heads},
+          {"joint_attention_dim", joint_attention_dim},
+          {"pooled_projection_dim", pooled_projection_dim},
+          {"guidance_embeds", guidance_embeds},
+          {"axes_dims_rope", axes_dims_rope}};
+}
+
+FluxConfig FluxConfig::flux_dev() { return FluxConfig{}; }
+
+namespace {
+
+void add_linear(std::vector<ParameterShape>& out, const std::string& name, int64_t in, int64_t out_features,
+                bool bias = true) {
+  out.push_back({name + ".weight", {out_features, in}});
+  if (bias) out.push_back({name + ".bias", {out_features}});
+}
+
+void add_timestep_embedding(std::vector<ParameterShape>& out, const std::string& name, int64_t dim) {
+  add_linear(out, name + ".linear_1", 256, dim);
+  add_linear(out, name + ".linear_2", dim, dim);
+}
+
+void add_attention(std::vector<ParameterShape>& out, const std::string& p, int64_t dim, int64_t head_dim,
+                   bool joint) {
+  // FluxAttention registers norm_q/norm_k, to_q/to_k/to_v, to_out, then the added (text) projections.
+  out.push_back({p + ".norm_q.weight", {head_dim}});
+  out.push_back({p + ".norm_k.weight", {head_dim}});
+  add_linear(out, p + ".to_q", dim, dim);
+  add_linear(out, p + ".to_k", dim, dim);
+  add_linear(out, p + ".to_v", dim, dim);
+  if (!joint) return;
+  add_linear(out, p + ".to_out.0", dim, dim);
+  out.push_back({p + ".norm_added_q.weight", {head_dim}});
+  out.push_back({p + ".norm_added_k.weight", {head_dim}});
+  add_linear(out, p + ".add_q_proj", dim, dim);
+  add_linear(out, p + ".add_k_proj", dim, dim);
+  add_linear(out, p + ".add_v_proj", dim, dim);
+  add_linear(out, p + ".to_add_out", dim, dim);
+}
+
+}  // namespace
+
+std::vector<ParameterShape> flux_parameter_shapes(const FluxConfig& c) {
+  const int64_t dim = c.inner_dim();
+  std::vector<ParameterShape> out;
+  add_timestep_embedding(out, "time_text_embed.timestep_embedder", dim);
+  if (c.guidance_embeds) add_timestep_embedding(out, "time_text_embed.guidance_embedder", dim);
+  add_linear(out, "time_text_embed.text_embedder.linear_1", c.pooled_projection_dim, dim);
+  add_linear(out, "time_text_embed.text_embedder.linear_2", dim, dim);
+  add_linear(out, "context_embedder", c.joint_attention_dim, dim);
+  add_linear(out, "x_embedder", c.in_channels, dim);  // patch_size scales only proj_out
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i);
+    add_linear(out, p + ".norm1.linear", dim, 6 * dim);
+    add_linear(out, p + ".norm1_context.linear", dim, 6 * dim);
+    add_attention(out, p + ".attn", dim, c.attention_head_dim, true);
+    add_linear(out, p + ".ff.net.0.proj", dim, 4 * dim);
+    add_linear(out, p + ".ff.net.2", 4 * dim, dim);
+    add_linear(out, p + ".ff_context.net.0.proj", dim, 4 * dim);
+    add_linear(out, p + ".ff_context.net.2", 4 * dim, dim);
+  }
+  for (int64_t i = 0; i < c.num_single_layers; ++i) {
+    const std::string p = "single_transformer_blocks." + std::to_string(i);
+    add_linear(out, p + ".norm.linear", dim, 3 * dim);
+    add_linear(out, p + ".proj_mlp", dim, c.mlp_hidden_dim());
+    add_linear(out, p + ".proj_out", dim + c.mlp_hidden_dim(), dim);
+    add_attention(out, p + ".attn", dim, c.attention_head_dim, false);
+  }
+  add_linear(out, "norm_out.linear", dim, 2 * dim);
+  add_linear(out, "proj_out", dim, c.patch_size * c.patch_size * c.output_channels());
+  return out;
+}
+
+std::vector<std::string> flux_top_level_modules() {
+  return {"pos_embed",          "time_text_embed",           "context_embedder", "x_embedder",
+          "transformer_blocks", "single_transformer_blocks", "norm_out",         "proj_out"};
+}
+
+}  // namespace dp::models

@@ -1,0 +1,137 @@
+#include "models/flux/flux_transformer.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/json_file.h"
+#include "models/flux/flux_fused.h"
+#include "models/flux/flux_layers.h"
+
+namespace dp::models {
+
+FluxTransformer FluxTransformer::load(const std::string& component_dir, at::ScalarType dtype, at::Device device,
+                                      FluxParts parts) {
+  const std::string config_path = (std::filesystem::path(component_dir) / "config.json").string();
+  const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(component_dir));
+  return load(std::move(weights), config, dtype, device, parts);
+}
+
+FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> weights, const FluxConfig& config,
+                                      at::ScalarType dtype, at::Device device, FluxParts parts) {
+  if (parts.last_block < 0) parts.last_block = config.num_blocks();
+  DP_CHECK(parts.first_block >= 0 && parts.first_block <= parts.last_block && parts.last_block <= config.num_blocks(),
+           "block range [", parts.first_block, ", ", parts.last_block, ") is outside the model's ", config.num_blocks(),
+           " blocks");
+  FluxTransformer model;
+  model.config_ = config;
+  model.parts_ = parts;
+  model.dtype_ = dtype;
+  model.device_ = device;
+  const ModuleWeights root(std::move(weights), dtype, device);
+  const int64_t dim = config.inner_dim();
+  if (parts.embedders) {
+    model.x_embedder_ = Linear::load(root, "x_embedder", config.in_channels, dim);
+    model.context_embedder_ = Linear::load(root, "context_embedder", config.joint_attention_dim, dim);
+    const ModuleWeights tte = root.child("time_text_embed");
+    model.time_linear_1_ = Linear::load(tte, "timestep_embedder.linear_1", 256, dim);
+    model.time_linear_2_ = Linear::load(tte, "timestep_embedder.linear_2", dim, dim);
+    if (config.guidance_embeds) {
+      model.guidance_linear_1_ = Linear::load(tte, "guidance_embedder.linear_1", 256, dim);
+      model.guidance_linear_2_ = Linear::load(tte, "guidance_embedder.linear_2", dim, dim);
+    }
+    model.text_linear_1_ = Linear::load(tte, "text_embedder.linear_1", config.pooled_projection_dim, dim);
+    model.text_linear_2_ = Linear::load(tte, "text_embedder.linear_2", dim, dim);
+  }
+  for (int64_t b = parts.first_block; b < parts.last_block; ++b) {
+    if (b < config.num_layers) {
+      model.double_blocks_.push_back(flux::DoubleBlock::load(root.child("transformer_blocks." + std::to_string(b)), config));
+    } else {
+      const int64_t s = b - config.num_layers;
+      model.single_blocks_.push_back(
+          flux::SingleBlock::load(root.child("single_transformer_blocks." + std::to_string(s)), config));
+    }
+  }
+  if (parts.head) {
+    model.norm_out_ = Linear::load(root, "norm_out.linear", dim, 2 * dim);
+    model.proj_out_ = Linear::load(root, "proj_out", dim, config.patch_size * config.patch_size * config.output_channels());
+  }
+  return model;
+}
+
+void FluxTransformer::require(bool held, const char* what) const {
+  DP_CHECK(held, "this FluxTransformer instance was built without ", what, " (it holds blocks [", parts_.first_block,
+           ", ", parts_.last_block, "))");
+}
+
+at::Tensor FluxTransformer::embed_text(const at::Tensor& encoder_hidden_states) const {
+  require(parts_.embedders, "the embedders");
+  return context_embedder_(encoder_hidden_states.to(device_, dtype_));
+}
+
+at::Tensor FluxTransformer::embed_image(const at::Tensor& hidden_states) const {
+  require(parts_.embedders, "the embedders");
+  return x_embedder_(hidden_states.to(device_, dtype_));
+}
+
+at::Tensor FluxTransformer::embed_time(const at::Tensor& timestep, const at::Tensor& guidance,
+                                       const at::Tensor& pooled) const {
+  require(parts_.embedders, "the embedders");
+  DP_CHECK(guidance.defined() == config_.guidance_embeds,
+           config_.guidance_embeds ? "this transformer has a guidance embedding: pass a guidance scale"
+                                   : "this transformer has no guidance embedding: guidance must not be given");
+  // diffusers rounds t (and guidance) to the run dtype before scaling by 1000: bf16 runs see bf16 timesteps.
+  auto embed_scalar = [&](const at::Tensor& value, const Linear& first, const Linear& second) {
+    const at::Tensor scaled = value.to(device_, dtype_) * 1000;
+    return second(at::silu(first(flux::timestep_features(scaled).to(dtype_))));
+  };
+  at::Tensor temb = embed_scalar(timestep, time_linear_1_, time_linear_2_);
+  if (config_.guidance_embeds) temb = temb + embed_scalar(guidance, guidance_linear_1_, guidance_linear_2_);
+  const at::Tensor pooled_emb = text_linear_2_(at::silu(text_linear_1_(pooled.to(device_, dtype_))));
+  return temb + pooled_emb;
+}
+
+FluxActivations FluxTransformer::embed(const FluxInputs& in) const {
+  return {embed_image(in.hidden_states), embed_text(in.encoder_hidden_states),
+          embed_time(in.timestep, in.guidance, in.pooled_projections)};
+}
+
+flux::RotaryTables FluxTransformer::rotary(const at::Tensor& txt_ids, const at::Tensor& img_ids) const {
+  DP_CHECK(txt_ids.dim() == 2 && img_ids.dim() == 2, "txt_ids and img_ids must be 2-D (S, 3), got ", txt_ids.sizes(),
+           " and ", img_ids.sizes());
+  return flux::rotary_tables(at::cat({txt_ids, img_ids}, 0).to(device_), config_.axes_dims_rope);
+}
+
+void FluxTransformer::run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first,
+                                 int64_t last) const {
+  DP_CHECK(first >= parts_.first_block && last <= parts_.last_block && first <= last, "blocks [", first, ", ", last,
+           ") requested but this instance holds [", parts_.first_block, ", ", parts_.last_block, ")");
+  DP_CHECK(rope.cos.size(0) == state.text.size(1) + state.image.size(1), "rotary tables cover ", rope.cos.size(0),
+           " positions but the state has ", state.text.size(1), " text + ", state.image.size(1), " image tokens");
+  for (int64_t b = first; b < last; ++b) {
+    if (b < config_.num_layers) {
+      double_blocks_[static_cast<size_t>(b - parts_.first_block)].forward(state.image, state.text, state.temb, rope);
+    } else {
+      const int64_t first_single = std::max(parts_.first_block, config_.num_layers);
+      single_blocks_[static_cast<size_t>(b - first_single)].forward(state.image, state.text, state.temb, rope);
+    }
+  }
+}
+
+at::Tensor FluxTransformer::head(const FluxActivations& state) const {
+  require(parts_.head, "the output head");
+  const auto mod = norm_out_(at::silu(state.temb).to(dtype_)).chunk(2, 1);  // AdaLayerNormContinuous: scale, shift
+  const at::Tensor normed = flux::layer_norm_modulate(state.image, mod[1], mod[0]);
+  return proj_out_(normed);
+}
+
+at::Tensor FluxTransformer::forward(const FluxInputs& inputs) const {
+  require(parts_.embedders && parts_.head && parts_.first_block == 0 && parts_.last_block == config_.num_blocks(),
+          "every part (forward needs the whole model)");
+  FluxActivations state = embed(inputs);
+  const flux::RotaryTables rope = rotary(inputs.txt_ids, inputs.img_ids);
+  run_blocks(state, rope, 0, config_.num_blocks());
+  return head(state);
+}
+
+}  // namespace dp::models

@@ -1,0 +1,85 @@
+#pragma once
+// FluxTransformer2DModel in LibTorch. A pipeline stage builds it with only the parts it owns (a block range,
+// and optionally the embedders and the output head), and runs blocks [first, last) on an activation state.
+// The whole-model forward is exactly the composition of those pieces.
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/weight_index.h"
+#include "models/flux/flux_blocks.h"
+#include "models/flux/flux_config.h"
+
+namespace dp::models {
+
+// What travels between pipeline stages. Blocks are numbered globally: [0, num_layers) are the double
+// blocks (transformer_blocks.i), [num_layers, num_blocks) the single blocks (single_transformer_blocks.j).
+struct FluxActivations {
+  at::Tensor image;  // (B, N_img, D)
+  at::Tensor text;   // (B, N_txt, D)
+  at::Tensor temb;   // (B, D)
+};
+
+struct FluxInputs {
+  at::Tensor hidden_states;          // (B, N_img, in_channels) packed latents
+  at::Tensor encoder_hidden_states;  // (B, N_txt, joint_attention_dim)
+  at::Tensor pooled_projections;     // (B, pooled_projection_dim)
+  at::Tensor timestep;               // (B,) in [0, 1]; the model scales by 1000
+  at::Tensor img_ids;                // (N_img, 3)
+  at::Tensor txt_ids;                // (N_txt, 3)
+  at::Tensor guidance;               // (B,) or undefined when the config has no guidance embedding
+};
+
+// Which parts a FluxTransformer instance holds.
+struct FluxParts {
+  bool embedders = true;  // x_embedder, context_embedder, time_text_embed
+  int64_t first_block = 0;
+  int64_t last_block = -1;  // exclusive; -1 means all blocks
+  bool head = true;         // norm_out, proj_out
+  static FluxParts all() { return {}; }
+  static FluxParts blocks(int64_t first, int64_t last) { return {false, first, last, false}; }
+};
+
+class FluxTransformer {
+ public:
+  // Loads from a component folder (config.json + weights). Only tensors of the requested parts are read.
+  static FluxTransformer load(const std::string& component_dir, at::ScalarType dtype, at::Device device,
+                              FluxParts parts = FluxParts::all());
+  static FluxTransformer load(std::shared_ptr<const io::WeightIndex> weights, const FluxConfig& config,
+                              at::ScalarType dtype, at::Device device, FluxParts parts = FluxParts::all());
+
+  const FluxConfig& config() const { return config_; }
+  const FluxParts& parts() const { return parts_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+
+  // The text stream input: the same at every step, so callers compute it once per prompt.
+  at::Tensor embed_text(const at::Tensor& encoder_hidden_states) const;
+  at::Tensor embed_image(const at::Tensor& hidden_states) const;
+  at::Tensor embed_time(const at::Tensor& timestep, const at::Tensor& guidance, const at::Tensor& pooled) const;
+  FluxActivations embed(const FluxInputs& inputs) const;
+  // Needs no weights: every rank recomputes the tables for its sequence layout.
+  flux::RotaryTables rotary(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
+  void run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first, int64_t last) const;
+  at::Tensor head(const FluxActivations& state) const;
+  // Whole model; requires all parts.
+  at::Tensor forward(const FluxInputs& inputs) const;
+
+ private:
+  void require(bool held, const char* what) const;
+
+  FluxConfig config_;
+  FluxParts parts_;
+  at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  Linear x_embedder_, context_embedder_;
+  Linear time_linear_1_, time_linear_2_, guidance_linear_1_, guidance_linear_2_, text_linear_1_, text_linear_2_;
+  std::vector<flux::DoubleBlock> double_blocks_;  // indexed from max(first_block, 0)
+  std::vector<flux::SingleBlock> single_blocks_;
+  Linear norm_out_, proj_out_;
+};
+
+}  // namespace dp::models

@@ -1,0 +1,16 @@
+#pragma once
+// Synchronisation and peak-memory figures for timing and reports, on CPU or CUDA.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace dp::pipeline {
+
+// Waits for queued device work, so that host clocks measure it.
+void synchronize(const at::Device& device);
+// Peak bytes allocated by LibTorch's caching allocator on a CUDA device since the last reset; on CPU, the
+// process's peak resident set size (core/memory_stats).
+uint64_t peak_memory_bytes(const at::Device& device);
+void reset_peak_memory(const at::Device& device);
+
+}  // namespace dp::pipeline

@@ -1,0 +1,333 @@
+#include "tokenizers/clip_tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/json_file.h"
+#include "core/log.h"
+#include "tokenizers/unicode.h"
+
+namespace dp::tokenizers {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kEndOfWord = "</w>";
+
+// GPT-2's reversible byte -> printable code point map: printable Latin-1 bytes map to themselves, the
+// others to 256, 257, ... in byte order.
+const std::vector<char32_t>& byte_to_char() {
+  static const std::vector<char32_t> table = [] {
+    std::vector<char32_t> map(256);
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      map[static_cast<size_t>(b)] = printable ? static_cast<char32_t>(b) : next++;
+    }
+    return map;
+  }();
+  return table;
+}
+
+std::string token_content(const nlohmann::json& token) {
+  if (token.is_string()) return token.get<std::string>();
+  if (token.is_object() && token.contains("content")) return token["content"].get<std::string>();
+  return {};
+}
+
+// transformers' default for a special token not listed in added_tokens_decoder.
+bool default_normalized(const nlohmann::json& token) {
+  return token.is_object() && token.value("normalized", false);
+}
+
+bool starts_with(const std::u32string& text, size_t pos, const char* literal) {
+  for (size_t k = 0; literal[k] != '\0'; ++k) {
+    if (pos + k >= text.size() || text[pos + k] != static_cast<char32_t>(literal[k])) return false;
+  }
+  return true;
+}
+
+size_t literal_length(const char* literal) { return std::char_traits<char>::length(literal); }
+
+}  // namespace
+
+ClipTokenizer ClipTokenizer::from_folder(const std::string& folder) {
+  ClipTokenizer tokenizer;
+  const fs::path dir(folder);
+  const std::string vocab_path = (dir / "vocab.json").string(), merges_path = (dir / "merges.txt").string();
+  const std::string json_path = (dir / "tokenizer.json").string();
+  std::vector<std::pair<std::string, std::string>> merges;
+  if (fs::exists(vocab_path) || !fs::exists(json_path)) {
+    DP_CHECK(fs::exists(vocab_path), folder, ": CLIP tokenizer file vocab.json is missing (nor is there a tokenizer.json)");
+    DP_CHECK(fs::exists(merges_path), folder, ": CLIP tokenizer file merges.txt is missing");
+    const auto vocab = read_json_file(vocab_path);
+    DP_CHECK(vocab.is_object(), vocab_path, ": expected a JSON object of token -> id");
+    for (const auto& [token, id] : vocab.items()) tokenizer.vocab_[token] = id.get<int64_t>();
+    std::ifstream in(merges_path, std::ios::binary);
+    DP_CHECK(in.good(), merges_path, ": cannot open");
+    std::string line;
+    for (int line_number = 1; std::getline(in, line); ++line_number) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty() || (line_number == 1 && line.rfind("#version", 0) == 0)) continue;
+      const size_t space = line.find(' ');
+      DP_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos, merges_path, ":",
+               line_number, ": expected two symbols separated by one space, got '", line, "'");
+      merges.emplace_back(line.substr(0, space), line.substr(space + 1));
+    }
+  } else {
+    const auto doc = read_json_file(json_path);
+    DP_CHECK(doc.contains("model") && doc["model"].value("type", "") == "BPE", json_path, ": expected a BPE model");
+    for (const auto& [token, id] : doc["model"]["vocab"].items()) tokenizer.vocab_[token] = id.get<int64_t>();
+    for (const auto& added : doc.value("added_tokens", nlohmann::json::array())) {
+      tokenizer.added_tokens_.push_back({added.at("content").get<std::string>(), added.at("id").get<int64_t>(),
+                                         added.value("normalized", false)});
+    }
+    for (const auto& merge : doc["model"]["merges"]) {
+      if (merge.is_array()) {
+        merges.emplace_back(merge.at(0).get<std::string>(), merge.at(1).get<std::string>());
+      } else {
+        const auto text = merge.get<std::string>();
+        const size_t space = text.find(' ');
+        DP_CHECK(space != std::string::npos, json_path, ": malformed merge '", text, "'");
+        merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+      }
+    }
+  }
+  int64_t max_id = -1;
+  for (const auto& [token, id] : tokenizer.vocab_) max_id = std::max(max_id, id);
+  tokenizer.id_to_token_.resize(static_cast<size_t>(max_id + 1));
+  for (const auto& [token, id] : tokenizer.vocab_) {
+    DP_CHECK(id >= 0, vocab_path, ": negative id ", id, " for '", token, "'");
+    tokenizer.id_to_token_[static_cast<size_t>(id)] = token;
+  }
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [left, right] = merges[rank];
+    const int64_t a = tokenizer.token_id(left, merges_path), b = tokenizer.token_id(right, merges_path);
+    const int64_t merged = tokenizer.token_id(left + right, merges_path);
+    tokenizer.merges_.emplace(std::make_pair(a, b), std::make_pair(static_cast<int>(rank), merged));
+  }
+  tokenizer.load_config(folder);
+  return tokenizer;
+}
+
+int64_t ClipTokenizer::token_id(const std::string& token, const std::string& what) const {
+  const auto it = vocab_.find(token);
+  DP_CHECK(it != vocab_.end(), what, ": token '", token, "' is not in the vocabulary");
+  return it->second;
+}
+
+void ClipTokenizer::load_config(const std::string& folder) {
+  const std::string config_path = (fs::path(folder) / "tokenizer_config.json").string();
+  const std::string map_path = (fs::path(folder) / "special_tokens_map.json").string();
+  const auto config = fs::exists(config_path) ? read_json_file(config_path) : nlohmann::json::object();
+  const auto special_map = fs::exists(map_path) ? read_json_file(map_path) : nlohmann::json::object();
+  auto special = [&](const std::string& key, const std::string& fallback) -> nlohmann::json {
+    if (config.contains(key) && !config[key].is_null()) return config[key];
+    if (special_map.contains(key) && !special_map[key].is_null()) return special_map[key];
+    return fallback;
+  };
+  const auto bos = special("bos_token", "<|startoftext|>"), eos = special("eos_token", "<|endoftext|>");
+  const auto pad = special("pad_token", "<|endoftext|>"), unk = special("unk_token", "<|endoftext|>");
+  bos_id_ = token_id(token_content(bos), config_path + " bos_token");
+  eos_id_ = token_id(token_content(eos), config_path + " eos_token");
+  pad_id_ = token_id(token_content(pad), config_path + " pad_token");
+  unk_id_ = token_id(token_content(unk), config_path + " unk_token");
+  const double max_length = json_get_or<double>(config, "model_max_length", 77.0, config_path);
+  model_max_length_ = max_length > 1e9 ? 77 : static_cast<int>(max_length);
+  // Special tokens are split out before normalization unless their "normalized" flag says otherwise.
+  if (!added_tokens_.empty()) {
+    // Already read from tokenizer.json's added_tokens.
+  } else if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
+    for (const auto& [id, token] : config["added_tokens_decoder"].items()) {
+      added_tokens_.push_back({token_content(token), std::stoll(id), token.value("normalized", false)});
+    }
+  } else {
+    for (const auto& token : {bos, eos, pad, unk}) {
+      const std::string content = token_content(token);
+      bool seen = false;
+      for (const auto& added : added_tokens_) seen = seen || added.content == content;
+      if (!seen) added_tokens_.push_back({content, token_id(content, config_path), default_normalized(token)});
+    }
+  }
+}
+
+void ClipTokenizer::encode_piece(const std::u32string& piece, std::vector<int64_t>& ids) const {
+  // Byte-level symbols, "</w>" on the last; unknown symbols become separate unk ids.
+  const std::string bytes = unicode::encode_utf8(piece);
+  std::vector<int64_t> symbols;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string symbol;
+    unicode::append_utf8(byte_to_char()[static_cast<unsigned char>(bytes[i])], symbol);
+    if (i + 1 == bytes.size()) symbol += kEndOfWord;
+    const auto it = vocab_.find(symbol);
+    symbols.push_back(it == vocab_.end() ? unk_id_ : it->second);
+  }
+  // Merge the lowest-ranked adjacent pair (leftmost among equals) until none is mergeable.
+  while (symbols.size() > 1) {
+    int best_rank = -1;
+    size_t best_pos = 0;
+    int64_t best_id = -1;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const auto it = merges_.find({symbols[i], symbols[i + 1]});
+      if (it != merges_.end() && (best_rank < 0 || it->second.first < best_rank)) {
+        best_rank = it->second.first;
+        best_pos = i;
+        best_id = it->second.second;
+      }
+    }
+    if (best_rank < 0) break;
+    symbols[best_pos] = best_id;
+    symbols.erase(symbols.begin() + static_cast<long>(best_pos) + 1);
+  }
+  ids.insert(ids.end(), symbols.begin(), symbols.end());
+}
+
+void ClipTokenizer::encode_normalized(const std::u32string& text, std::vector<int64_t>& ids) const {
+  // CLIP's pre-tokenizer regex, alternatives in order, keeping only the matches:
+  // <|startoftext|> | <|endoftext|> | 's|'t|'re|'ve|'m|'ll|'d | \p{L}+ | \p{N} | [^\s\p{L}\p{N}]+
+  static const char* const kSpecials[] = {"<|startoftext|>", "<|endoftext|>"};
+  static const char* const kContractions[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"};
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const char32_t c = text[pos];
+    if (unicode::is_regex_space(c)) {
+      ++pos;
+      continue;
+    }
+    size_t end = pos;
+    for (const char* special : kSpecials) {
+      if (end == pos && starts_with(text, pos, special)) {
+        // The byte-level GPT-2 split that follows cuts it into "<|", the name, "|>".
+        const size_t length = literal_length(special);
+        encode_piece(text.substr(pos, 2), ids);
+        encode_piece(text.substr(pos + 2, length - 4), ids);
+        encode_piece(text.substr(pos + length - 2, 2), ids);
+        end = pos + length;
+      }
+    }
+    if (end != pos) {
+      pos = end;
+      continue;
+    }
+    for (const char* contraction : kContractions) {
+      if (end == pos && starts_with(text, pos, contraction)) end = pos + literal_length(contraction);
+    }
+    if (end == pos && unicode::is_letter(c)) {
+      while (end < text.size() && unicode::is_letter(text[end])) ++end;
+    } else if (end == pos && unicode::is_number(c)) {
+      end = pos + 1;
+    } else if (end == pos) {
+      while (end < text.size() && !unicode::is_regex_space(text[end]) && !unicode::is_letter(text[end]) &&
+             !unicode::is_number(text[end])) {
+        ++end;
+      }
+    }
+    encode_piece(text.substr(pos, end - pos), ids);
+    pos = end;
+  }
+}
+
+void ClipTokenizer::encode_plain(const std::string& raw, std::vector<int64_t>& ids) const {
+  // Normalizer: NFC, each whitespace run to one space, lowercase.
+  const std::u32string composed = unicode::nfc(unicode::decode_utf8(raw, "CLIP prompt"));
+  std::u32string spaced;
+  for (size_t i = 0; i < composed.size(); ++i) {
+    if (!unicode::is_regex_space(composed[i])) {
+      spaced += composed[i];
+      continue;
+    }
+    spaced += U' ';
+    while (i + 1 < composed.size() && unicode::is_regex_space(composed[i + 1])) ++i;
+  }
+  std::u32string normalized;
+  for (char32_t c : spaced) unicode::append_lowercase(c, normalized);
+  // Normalized special tokens are matched after normalization.
+  size_t start = 0, pos = 0;
+  while (pos < normalized.size()) {
+    const AddedToken* match = nullptr;
+    for (const auto& added : added_tokens_) {
+      if (!added.normalized) continue;
+      const std::u32string content = unicode::decode_utf8(added.content, "CLIP special token");
+      if (normalized.compare(pos, content.size(), content) == 0 &&
+          (match == nullptr || added.content.size() > match->content.size())) {
+        match = &added;
+      }
+    }
+    if (match == nullptr) {
+      ++pos;
+      continue;
+    }
+    encode_normalized(normalized.substr(start, pos - start), ids);
+    ids.push_back(match->id);
+    pos += unicode::decode_utf8(match->content, "CLIP special token").size();
+    start = pos;
+  }
+  encode_normalized(normalized.substr(start), ids);
+}
+
+std::vector<int64_t> ClipTokenizer::encode(const std::string& text) const {
+  std::vector<int64_t> ids{bos_id_};
+  // Non-normalized special tokens are matched leftmost-longest in the raw text.
+  size_t start = 0, pos = 0;
+  while (pos < text.size()) {
+    const AddedToken* match = nullptr;
+    for (const auto& added : added_tokens_) {
+      if (!added.normalized && text.compare(pos, added.content.size(), added.content) == 0 &&
+          (match == nullptr || added.content.size() > match->content.size())) {
+        match = &added;
+      }
+    }
+    if (match == nullptr) {
+      ++pos;
+      continue;
+    }
+    encode_plain(text.substr(start, pos - start), ids);
+    ids.push_back(match->id);
+    pos += match->content.size();
+    start = pos;
+  }
+  encode_plain(text.substr(start), ids);
+  ids.push_back(eos_id_);
+  return ids;
+}
+
+std::vector<int64_t> ClipTokenizer::encode_padded(const std::string& text, int max_length) const {
+  DP_CHECK(max_length >= 2, "CLIP tokenizer: max_length must be at least 2 (bos and eos), got ", max_length);
+  std::vector<int64_t> ids = encode(text);
+  if (static_cast<int>(ids.size()) > max_length) {
+    const std::vector<int64_t> removed(ids.begin() + max_length - 1, ids.end() - 1);
+    DP_WARN("The following part of your input was truncated because CLIP can only handle sequences up to ",
+            max_length, " tokens: ", decode(removed));
+    ids.resize(static_cast<size_t>(max_length) - 1);
+    ids.push_back(eos_id_);
+  }
+  ids.resize(static_cast<size_t>(max_length), pad_id_);
+  return ids;
+}
+
+std::string ClipTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::vector<int> char_to_byte(512, -1);
+  for (int b = 0; b < 256; ++b) char_to_byte[byte_to_char()[static_cast<size_t>(b)]] = b;
+  std::string bytes;
+  for (int64_t id : ids) {
+    DP_CHECK(id >= 0 && id < vocab_size(), "CLIP decode: id ", id, " outside the vocabulary of ", vocab_size());
+    // Special tokens are printable ASCII, which the byte map leaves unchanged.
+    const std::string& token = id_to_token_[static_cast<size_t>(id)];
+    for (char32_t c : unicode::decode_utf8(token, "CLIP vocabulary")) {
+      if (c < char_to_byte.size() && char_to_byte[c] >= 0) bytes += static_cast<char>(char_to_byte[c]);
+    }
+  }
+  std::string text;
+  for (size_t i = 0; i < bytes.size();) {
+    if (bytes.compare(i, kEndOfWord.size(), kEndOfWord) == 0) {
+      text += ' ';
+      i += kEndOfWord.size();
+    } else {
+      text += bytes[i++];
+    }
+  }
+  const size_t first = text.find_first_not_of(' '), last = text.find_last_not_of(' ');
+  return first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
+}
+
+}  // namespace dp::tokenizers
