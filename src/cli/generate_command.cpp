@@ -15,6 +15,8 @@
 #include "io/png_image.h"
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
+#include "runtime/distributed_generate.h"
+#include "runtime/world.h"
 
 namespace dp::cli {
 namespace {
@@ -26,6 +28,7 @@ struct GenerateOptions {
   int64_t height = 1024, width = 1024;
   double guidance = 3.5;
   uint64_t seed = 0;
+  runtime::RuntimeOptions runtime;
 };
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
@@ -111,40 +114,46 @@ void run_generate(const GenerateOptions& o) {
           request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
           request.seed, ", ", o.dtype, " on ", o.device);
   const auto started = std::chrono::steady_clock::now();
-  const auto prompts = flux.encode_prompts(request);
-  at::Tensor latents = flux.initial_latents(request, grid);
   std::vector<double> step_ends;
-  latents = flux.denoise(request, grid, prompts, latents, [&step_ends](const pipeline::StepProgress& p) {
+  std::vector<std::string> written;
+  runtime::Outputs outputs;
+  outputs.on_step = [&step_ends, &request](const pipeline::LoopProgress& p) {
     step_ends.push_back(p.elapsed_seconds);
     const double per_step = p.elapsed_seconds / p.step;
+    const double images_per_second = p.elapsed_seconds > 0 ? request.batch() * p.step / (p.steps * p.elapsed_seconds) : 0;
     DP_INFO("step ", p.step, "/", p.steps, ": ", std::fixed, std::setprecision(2), per_step * 1000, " ms/step, ",
-            p.elapsed_seconds, " s elapsed, ", per_step * (p.steps - p.step), " s left");
-  });
-
-  std::vector<std::string> written;
+            std::setprecision(3), images_per_second, " images/s, ", std::setprecision(2), p.elapsed_seconds,
+            " s elapsed, ", per_step * (p.steps - p.step), " s left");
+  };
   if (decode) {
-    const at::Tensor images = flux.decode(request, grid, latents);
-    for (int64_t i = 0; i < images.size(0); ++i) {
-      const at::Tensor image = images[i].contiguous();
-      std::vector<uint8_t> pixels(image.data_ptr<uint8_t>(), image.data_ptr<uint8_t>() + image.numel());
-      written.push_back(numbered_path(o.out, i, images.size(0)));
-      io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)));
-    }
+    outputs.on_images = [&](const at::Tensor& images) {
+      for (int64_t i = 0; i < images.size(0); ++i) {
+        const at::Tensor image = images[i].contiguous();
+        std::vector<uint8_t> pixels(image.data_ptr<uint8_t>(), image.data_ptr<uint8_t>() + image.numel());
+        written.push_back(numbered_path(o.out, i, images.size(0)));
+        io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)));
+      }
+    };
   } else {
-    const at::Tensor values = latents.to(at::kCPU, at::kFloat).contiguous();
-    io::LatentsFile file;
-    file.shape = values.sizes().vec();
-    file.values.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
-    file.numeric_attributes = {{"height", static_cast<double>(request.height)},
-                               {"width", static_cast<double>(request.width)},
-                               {"seed", static_cast<double>(request.seed)},
-                               {"steps", static_cast<double>(request.steps)},
-                               {"guidance", request.guidance},
-                               {"num_images_per_prompt", static_cast<double>(request.num_images_per_prompt)}};
-    file.text_attributes = {{"dtype", o.dtype}, {"model", o.model}};
-    io::write_latents_hdf5(o.out, file);
-    written.push_back(o.out);
+    outputs.on_latents = [&](const at::Tensor& latents) {
+      const at::Tensor values = latents.to(at::kCPU, at::kFloat).contiguous();
+      io::LatentsFile file;
+      file.shape = values.sizes().vec();
+      file.values.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+      file.numeric_attributes = {{"height", static_cast<double>(request.height)},
+                                 {"width", static_cast<double>(request.width)},
+                                 {"seed", static_cast<double>(request.seed)},
+                                 {"steps", static_cast<double>(request.steps)},
+                                 {"guidance", request.guidance},
+                                 {"num_images_per_prompt", static_cast<double>(request.num_images_per_prompt)}};
+      file.text_attributes = {{"dtype", o.dtype}, {"model", o.model}};
+      io::write_latents_hdf5(o.out, file);
+      written.push_back(o.out);
+    };
   }
+  runtime::distributed_generate(flux, request, o.runtime, outputs);
+  if (!runtime::World::get().is_coordinator()) return;  // rank 0 reports and writes
+
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "timing summary (" << std::fixed << std::setprecision(2) << total << " s total):\n";
   for (const auto& stage : flux.reports()) {
@@ -187,6 +196,19 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--report-json", o->report_json,
                   "also write per-stage times (with the part spent loading weights), peak memory and step times "
                   "as JSON to this file");
+  cmd->add_option("--device-map", o->runtime.device_map,
+                  "how the transformer's blocks are split over the ranks (GPU d of the map is rank d): auto, "
+                  "balanced, balanced_low_0, sequential, pipeline or a JSON map, as `plan` takes it (default: "
+                  "pipeline, the time-balanced split over all ranks)");
+  cmd->add_option("--max-memory", o->runtime.max_memory,
+                  "memory per device for planning, as `plan` takes it (0=16GB,1=16GB,cpu=64GB or a JSON file)");
+  cmd->add_option("--microbatch-size", o->runtime.microbatch_size,
+                  "images per microbatch in the denoising ring; with several microbatches every rank is busy "
+                  "(latents equal for any world size at the same microbatch size)")
+      ->capture_default_str();
+  cmd->add_option("--transport-timeout", o->runtime.transport_timeout_seconds,
+                  "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank)")
+      ->capture_default_str();
   cmd->callback([o] { run_generate(*o); });
 });
 

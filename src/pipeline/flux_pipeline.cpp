@@ -19,66 +19,15 @@
 #include "models/t5/t5_encoder.h"
 #include "tokenizers/t5_tokenizer.h"
 #include "models/vae/vae.h"
+#include "pipeline/denoise_loop.h"
 #include "pipeline/device_stats.h"
+#include "pipeline/flux_stage.h"
+#include "pipeline/stage_timer.h"
 
 namespace fs = std::filesystem;
 
 namespace dp::pipeline {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-class StageTimer {
- public:
-  StageTimer(std::string name, const at::Device& device, std::vector<StageReport>* reports)
-      : device_(device), reports_(reports), started_(std::chrono::steady_clock::now()) {
-    report_.name = std::move(name);
-    reset_peak_resident();
-    reset_peak_memory(device_);  // the process's first CUDA call lands here: context, allocator
-    const double ready = seconds_since(started_);
-    if (ready > 0.05)
-      DP_INFO("stage ", report_.name, ": device ready after ", std::fixed, std::setprecision(3), ready,
-              " s (its first use initialises it)");
-  }
-  ~StageTimer() {
-    synchronize(device_);
-    report_.seconds = seconds_since(started_);
-    report_.peak_resident_bytes = peak_resident_bytes();
-    report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
-    DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
-            report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
-            device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
-    reports_->push_back(report_);
-  }
-
-  // Runs `work` to completion on the device and logs how long it took, so a slow stage shows which part;
-  // the time is also added to `*booked` when given.
-  template <typename Work>
-  auto timed(const char* what, Work&& work, double* booked = nullptr) {
-    const auto started = std::chrono::steady_clock::now();
-    auto result = work();
-    synchronize(device_);
-    const double seconds = seconds_since(started);
-    if (booked != nullptr) *booked += seconds;
-    DP_INFO("stage ", report_.name, ": ", what, " ", std::fixed, std::setprecision(3), seconds, " s");
-    return result;
-  }
-
-  // timed() for a component's from-folder constructor: its time, device copies included, is booked as
-  // loading rather than compute.
-  template <typename Load>
-  auto loading(const char* what, Load&& load) {
-    return timed(what, std::forward<Load>(load), &report_.load_seconds);
-  }
-
- private:
-  at::Device device_;
-  std::vector<StageReport>* reports_;
-  std::chrono::steady_clock::time_point started_;
-  StageReport report_;
-};
 
 at::Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
   const int64_t b = static_cast<int64_t>(rows.size()), n = static_cast<int64_t>(rows.front().size());
@@ -168,42 +117,40 @@ at::Tensor FluxPipeline::initial_latents(const GenerateRequest& request, const L
 at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGrid& grid,
                                  const PromptEmbeddings& prompts, at::Tensor latents,
                                  const std::function<void(const StepProgress&)>& on_step) {
-  c10::InferenceMode guard;
   StageTimer timer("denoise", request.device, &reports_);
-  const auto scheduler_dir = folder_.component("scheduler").path;
-  auto scheduler_config = schedulers::FlowMatchSchedulerConfig::from_file(scheduler_dir + "/scheduler_config.json");
-  schedulers::FlowMatchEulerScheduler scheduler(scheduler_config);
-  const double mu = schedulers::flux_calculate_shift(latents.size(1), scheduler_config);
-  scheduler.set_timesteps_from_sigmas(schedulers::flux_default_sigmas(request.steps), &mu);
-
-  const auto transformer = timer.loading("transformer load", [&] {
-    return models::FluxTransformer::load(folder_.component("transformer").path, request.dtype, request.device);
+  const DenoiseSchedule schedule = this->schedule(request, latents.size(1));
+  auto stage = timer.loading("transformer load", [&] {
+    return std::make_shared<FluxStage>(folder_.component("transformer").path, 0, -1, request.dtype, request.device,
+                                       grid, prompts.prompt_embeds.size(1));
   });
-  const auto& config = transformer.config();
-  at::Tensor guidance;
-  if (config.guidance_embeds)
-    guidance = at::full({latents.size(0)}, request.guidance, at::TensorOptions().dtype(at::kFloat).device(request.device));
-  const at::Tensor img_ids = latent_image_ids(grid).to(request.device);
-  const auto rope = transformer.rotary(prompts.text_ids, img_ids);
-  const at::Tensor text = transformer.embed_text(prompts.prompt_embeds);  // the same at every step
-  const auto started = std::chrono::steady_clock::now();
-  for (int i = 0; i < scheduler.num_inference_steps(); ++i) {
-    const float t = scheduler.timesteps()[static_cast<size_t>(i)];
-    // FluxPipeline passes t cast to the latent dtype, divided by 1000 in that dtype.
-    const at::Tensor timestep =
-        at::full({latents.size(0)}, t, at::TensorOptions().dtype(latents.scalar_type()).device(request.device)) / 1000;
-    models::FluxActivations state{transformer.embed_image(latents), text,
-                                  transformer.embed_time(timestep, guidance, prompts.pooled)};
-    transformer.run_blocks(state, rope, 0, config.num_blocks());
-    const at::Tensor noise_pred = transformer.head(state);
-    latents = scheduler.step(noise_pred, i, latents);
-    if (on_step) {
+  LocalExecutor executor(stage);
+  DenoiseJob job;
+  job.latents = latents;
+  job.prompt_embeds = prompts.prompt_embeds;
+  job.pooled = prompts.pooled;
+  job.guidance = request.guidance;
+  job.guidance_embeds = schedule.guidance_embeds;
+  job.microbatch_size = latents.size(0);  // the whole batch at once, as FluxPipeline runs it
+  job.scheduler = &schedule.scheduler;
+  LoopCallbacks callbacks;
+  if (on_step) {
+    callbacks.on_step = [&](const LoopProgress& p) {
       synchronize(request.device);
-      on_step({i + 1, scheduler.num_inference_steps(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
-    }
+      on_step({p.step, p.steps, p.elapsed_seconds});
+    };
   }
-  return latents;
+  return run_denoise_loop(job, executor, callbacks);
+}
+
+DenoiseSchedule FluxPipeline::schedule(const GenerateRequest& request, int64_t image_tokens) const {
+  const auto scheduler_dir = folder_.component("scheduler").path;
+  const auto scheduler_config = schedulers::FlowMatchSchedulerConfig::from_file(scheduler_dir + "/scheduler_config.json");
+  DenoiseSchedule out{schedulers::FlowMatchEulerScheduler(scheduler_config), false};
+  const double mu = schedulers::flux_calculate_shift(image_tokens, scheduler_config);
+  out.scheduler.set_timesteps_from_sigmas(schedulers::flux_default_sigmas(request.steps), &mu);
+  const auto config_path = folder_.component("transformer").path + "/config.json";
+  out.guidance_embeds = models::FluxConfig::from_json(read_json_file(config_path), config_path).guidance_embeds;
+  return out;
 }
 
 at::Tensor FluxPipeline::decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents) {

@@ -12,6 +12,7 @@
 
 #include "io/model_folder.h"
 #include "pipeline/latent_layout.h"
+#include "schedulers/flow_match_scheduler.h"
 
 namespace dp::pipeline {
 
@@ -50,6 +51,13 @@ struct StepProgress {
   double elapsed_seconds = 0;
 };
 
+// The denoising schedule of a request: the scheduler with FluxPipeline's sigmas and shift set, and whether the
+// transformer takes guidance as an input.
+struct DenoiseSchedule {
+  schedulers::FlowMatchEulerScheduler scheduler;
+  bool guidance_embeds = false;
+};
+
 class FluxPipeline {
  public:
   explicit FluxPipeline(io::ModelFolder folder);
@@ -64,10 +72,14 @@ class FluxPipeline {
   at::Tensor initial_latents(const GenerateRequest& request, const LatentGrid& grid) const;
   at::Tensor denoise(const GenerateRequest& request, const LatentGrid& grid, const PromptEmbeddings& prompts,
                      at::Tensor latents, const std::function<void(const StepProgress&)>& on_step);
+  // The schedule for `image_tokens` latent tokens (configs only: no weights are read).
+  DenoiseSchedule schedule(const GenerateRequest& request, int64_t image_tokens) const;
   // Packed latents to 8-bit RGB images (B, H, W, 3), exactly as the PIL output of diffusers.
   at::Tensor decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents);
 
   const std::vector<StageReport>& reports() const { return reports_; }
+  // Where stages run outside this class (the runtime's denoise) record their reports.
+  std::vector<StageReport>* report_sink() { return &reports_; }
 
  private:
   io::ModelFolder folder_;

@@ -1,0 +1,115 @@
+#include "pipeline/denoise_loop.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace dp::pipeline {
+
+void LocalExecutor::send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) {
+  stage_->set_prompts(microbatch, prompt_embeds, pooled);
+}
+
+void LocalExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) {
+  auto outputs = stage_->run(microbatch, inputs);
+  DP_CHECK(outputs.size() == 1, "the local stage must hold the whole transformer");
+  done_.push_back({microbatch, step, std::move(outputs[0])});
+}
+
+StepResult LocalExecutor::wait_result() {
+  DP_CHECK(!done_.empty(), "waiting for a step that was never submitted");
+  StepResult result = std::move(done_.front());
+  done_.pop_front();
+  return result;
+}
+
+namespace {
+
+struct Microbatch {
+  int64_t first_row = 0;
+  at::Tensor latents;
+  int next_step = 0;
+};
+
+}  // namespace
+
+at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, const LoopCallbacks& callbacks) {
+  c10::InferenceMode guard;
+  DP_CHECK(job.scheduler != nullptr && job.scheduler->num_inference_steps() > 0, "the scheduler has no timesteps");
+  DP_CHECK(job.microbatch_size >= 1, "--microbatch-size must be at least 1, got ", job.microbatch_size);
+  const int64_t batch = job.latents.size(0);
+  const int steps = job.scheduler->num_inference_steps();
+  const auto options = job.latents.options();
+
+  std::vector<Microbatch> microbatches;
+  for (int64_t row = 0; row < batch; row += job.microbatch_size) {
+    const int64_t rows = std::min(job.microbatch_size, batch - row);
+    microbatches.push_back({row, job.latents.narrow(0, row, rows), 0});
+  }
+  const auto step_inputs = [&](const Microbatch& m) {
+    const int64_t rows = m.latents.size(0);
+    const float t = job.scheduler->timesteps()[static_cast<size_t>(m.next_step)];
+    // FluxPipeline passes t cast to the latent dtype, divided by 1000 in that dtype.
+    at::Tensor timestep = at::full({rows}, t, options) / 1000;
+    at::Tensor guidance;
+    if (job.guidance_embeds) guidance = at::full({rows}, job.guidance, options.dtype(at::kFloat));
+    return std::vector<at::Tensor>{m.latents, timestep, guidance};
+  };
+
+  // Steps enter in microbatch order and a microbatch's next step enters as soon as its previous one is back,
+  // so with at least as many microbatches as stages every stage has work.
+  std::deque<int64_t> ready;
+  for (int64_t i = 0; i < static_cast<int64_t>(microbatches.size()); ++i) {
+    const auto& m = microbatches[static_cast<size_t>(i)];
+    executor.send_prompts(i, job.prompt_embeds.narrow(0, m.first_row, m.latents.size(0)),
+                          job.pooled.narrow(0, m.first_row, m.latents.size(0)));
+    ready.push_back(i);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<int> finished_steps(microbatches.size(), 0);
+  int reported_step = 0;
+  int64_t images_done = 0;
+  int in_flight = 0;
+  const int depth = std::max(1, executor.max_in_flight());
+  while (!ready.empty() || in_flight > 0) {
+    while (!ready.empty() && in_flight < depth) {
+      const int64_t id = ready.front();
+      ready.pop_front();
+      auto& m = microbatches[static_cast<size_t>(id)];
+      executor.submit(id, m.next_step, step_inputs(m));
+      ++in_flight;
+    }
+    StepResult result = executor.wait_result();
+    --in_flight;
+    DP_CHECK(result.microbatch >= 0 && result.microbatch < static_cast<int64_t>(microbatches.size()),
+             "a result came back for unknown microbatch ", result.microbatch);
+    auto& m = microbatches[static_cast<size_t>(result.microbatch)];
+    DP_CHECK(result.step == m.next_step, "microbatch ", result.microbatch, ": result of step ", result.step,
+             " while step ", m.next_step, " was in flight");
+    m.latents = job.scheduler->step(result.noise_pred.to(m.latents.device()), m.next_step, m.latents);
+    if (callbacks.check_step) callbacks.check_step(result.microbatch, m.next_step, m.latents);
+    ++m.next_step;
+    finished_steps[static_cast<size_t>(result.microbatch)] = m.next_step;
+    if (m.next_step < steps) {
+      ready.push_back(result.microbatch);
+    } else {
+      executor.release(result.microbatch);
+      images_done += m.latents.size(0);
+      if (callbacks.on_microbatch_done) callbacks.on_microbatch_done(m.first_row, m.latents);
+    }
+    const int slowest = *std::min_element(finished_steps.begin(), finished_steps.end());
+    for (; reported_step < slowest; ++reported_step) {
+      if (callbacks.on_step)
+        callbacks.on_step({reported_step + 1, steps, images_done,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
+    }
+  }
+  std::vector<at::Tensor> parts;
+  for (const auto& m : microbatches) parts.push_back(m.latents);
+  return at::cat(parts, 0);
+}
+
+}  // namespace dp::pipeline

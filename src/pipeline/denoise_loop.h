@@ -1,0 +1,87 @@
+#pragma once
+// The denoising loop of FluxPipeline, as one code path for one process and for N ranks. The batch is cut
+// into microbatches; each microbatch goes through the transformer step after step, and the loop applies the
+// scheduler's Euler update when its noise prediction comes back. Where the transformer runs is the
+// executor's business: in this process (LocalExecutor) or over a ring of ranks (runtime/), with several
+// microbatches in flight so that every stage is busy.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "pipeline/flux_stage.h"
+#include "schedulers/flow_match_scheduler.h"
+
+namespace dp::pipeline {
+
+struct StepResult {
+  int64_t microbatch = 0;
+  int step = 0;
+  at::Tensor noise_pred;  // (b, N_img, C) in the run dtype
+};
+
+// Runs transformer steps for the loop. submit() hands over one step of one microbatch; results come back
+// in any order through wait_result().
+class StageExecutor {
+ public:
+  virtual ~StageExecutor() = default;
+  // Before a microbatch's first step: its prompt embeddings, for whoever runs the first stage.
+  virtual void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) = 0;
+  // inputs: packed latents (b, N_img, C), timestep (b,) in [0, 1], guidance (b,) or undefined.
+  virtual void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) = 0;
+  // Blocks until one submitted step is done; throws if it cannot be (a failed rank, a timeout).
+  virtual StepResult wait_result() = 0;
+  // After a microbatch's last step: stages drop what they kept for it.
+  virtual void release(int64_t microbatch) = 0;
+  // How many steps may be in flight at once (the ring's depth); at least 1.
+  virtual int max_in_flight() const = 0;
+};
+
+// The whole transformer in this process.
+class LocalExecutor : public StageExecutor {
+ public:
+  explicit LocalExecutor(std::shared_ptr<FluxStage> stage) : stage_(std::move(stage)) {}
+  void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) override;
+  void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override;
+  StepResult wait_result() override;
+  void release(int64_t microbatch) override { stage_->forget(microbatch); }
+  int max_in_flight() const override { return 1; }
+
+ private:
+  std::shared_ptr<FluxStage> stage_;
+  std::deque<StepResult> done_;
+};
+
+struct DenoiseJob {
+  at::Tensor latents;        // (B, N_img, C) packed initial noise, in the run dtype, for the whole batch
+  at::Tensor prompt_embeds;  // (B, N_txt, joint_attention_dim), one row per image
+  at::Tensor pooled;         // (B, pooled_projection_dim)
+  double guidance = 3.5;
+  bool guidance_embeds = true;  // the transformer's config: whether guidance is an input
+  int64_t microbatch_size = 1;  // images per microbatch; the last one may be smaller
+  const schedulers::FlowMatchEulerScheduler* scheduler = nullptr;  // timesteps set
+};
+
+struct LoopProgress {
+  int step = 0;   // every microbatch has finished this many steps
+  int steps = 0;
+  int64_t images_done = 0;
+  double elapsed_seconds = 0;
+};
+
+struct LoopCallbacks {
+  // Each time every microbatch has finished one more step.
+  std::function<void(const LoopProgress&)> on_step;
+  // When a microbatch has finished its last step: rows [first_row, first_row + latents.size(0)) of the batch.
+  std::function<void(int64_t first_row, const at::Tensor& latents)> on_microbatch_done;
+  // After every Euler update (non-finite values, say); throws to stop the run.
+  std::function<void(int64_t microbatch, int step, const at::Tensor& latents)> check_step;
+};
+
+// Runs the loop to the end and returns the final latents of the whole batch (B, N_img, C).
+at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, const LoopCallbacks& callbacks);
+
+}  // namespace dp::pipeline

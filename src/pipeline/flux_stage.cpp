@@ -1,0 +1,62 @@
+#include "pipeline/flux_stage.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "core/error.h"
+#include "core/json_file.h"
+
+namespace dp::pipeline {
+
+FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
+                     at::Device device, const LatentGrid& grid, int64_t text_tokens) {
+  c10::InferenceMode guard;
+  const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
+  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+  models::FluxParts parts;
+  parts.first_block = first_block;
+  parts.last_block = last_block < 0 ? config.num_blocks() : last_block;
+  parts.embedders = first_block == 0;
+  parts.head = parts.last_block == config.num_blocks();
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
+  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts);
+  const at::Tensor txt_ids = at::zeros({text_tokens, 3}, at::TensorOptions().device(device));
+  rope_ = model_.rotary(txt_ids, latent_image_ids(grid).to(device));
+}
+
+void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) {
+  DP_CHECK(is_first(), "microbatch ", microbatch, ": prompts sent to a stage that does not start at block 0");
+  c10::InferenceMode guard;
+  const auto device = model_.device();
+  prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())),
+                          pooled.to(device, model_.dtype())};
+}
+
+void FluxStage::forget(int64_t microbatch) { prompts_.erase(microbatch); }
+
+std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at::Tensor>& inputs) const {
+  c10::InferenceMode guard;
+  const auto device = model_.device();
+  models::FluxActivations state;
+  if (is_first()) {
+    DP_CHECK(inputs.size() == 3, "microbatch ", microbatch, ": the first stage expects latents, timestep and guidance, got ",
+             inputs.size(), " tensors");
+    const auto found = prompts_.find(microbatch);
+    DP_CHECK(found != prompts_.end(), "microbatch ", microbatch, ": no prompts were sent before its first step");
+    const at::Tensor latents = inputs[0].to(device);
+    const at::Tensor guidance = inputs[2].defined() ? inputs[2].to(device) : at::Tensor();
+    state = {model_.embed_image(latents), found->second.text,
+             model_.embed_time(inputs[1].to(device), guidance, found->second.pooled)};
+  } else {
+    DP_CHECK(inputs.size() == 3, "microbatch ", microbatch, ": a stage expects image, text and temb activations, got ",
+             inputs.size(), " tensors");
+    state = {inputs[0].to(device), inputs[1].to(device), inputs[2].to(device)};
+  }
+  model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block);
+  if (is_last()) return {model_.head(state)};
+  return {state.image, state.text, state.temb};
+}
+
+}  // namespace dp::pipeline

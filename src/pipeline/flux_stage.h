@@ -1,0 +1,51 @@
+#pragma once
+// One piece of the FLUX transformer as a denoising run uses it: blocks [first, last), plus the embedders when
+// the piece starts at block 0 and the output head when it ends at the last block. A one-process run holds
+// one piece with everything; a multi-rank run holds one piece per rank and passes what run() returns to the
+// next rank. The payloads are plain tensor lists so that whoever moves them needs no FLUX knowledge:
+//   first piece in:  [packed latents (B, N_img, C), timestep (B,) in [0, 1], guidance (B,) or undefined]
+//   between pieces:  [image (B, N_img, D), text (B, N_txt, D), temb (B, D)]
+//   last piece out:  [noise prediction (B, N_img, C)]
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/flux/flux_transformer.h"
+#include "pipeline/latent_layout.h"
+
+namespace dp::pipeline {
+
+class FluxStage {
+ public:
+  // Reads only the tensors of blocks [first_block, last_block) (and of the embedders / head when held) from
+  // the transformer folder. last_block -1 means the model's last block.
+  FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
+            at::Device device, const LatentGrid& grid, int64_t text_tokens);
+
+  bool is_first() const { return model_.parts().embedders; }
+  bool is_last() const { return model_.parts().head; }
+  int64_t first_block() const { return model_.parts().first_block; }
+  int64_t last_block() const { return model_.parts().last_block; }
+  const models::FluxConfig& config() const { return model_.config(); }
+
+  // First piece only: a microbatch's prompt embeddings, embedded once (the text stream's input is the same at
+  // every step) and kept with the pooled projection until forget().
+  void set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled);
+  void forget(int64_t microbatch);
+
+  // One step of one microbatch through this piece (see the payloads above). Inputs may live on any device.
+  std::vector<at::Tensor> run(int64_t microbatch, const std::vector<at::Tensor>& inputs) const;
+
+ private:
+  struct Prompts {
+    at::Tensor text;    // context_embedder output (B, N_txt, D)
+    at::Tensor pooled;  // (B, pooled_projection_dim)
+  };
+  models::FluxTransformer model_;
+  models::flux::RotaryTables rope_;
+  std::map<int64_t, Prompts> prompts_;
+};
+
+}  // namespace dp::pipeline

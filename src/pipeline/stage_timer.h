@@ -1,0 +1,74 @@
+#pragma once
+// Times one stage of a run (encode, denoise, decode) and records a StageReport: wall seconds with device work
+// synchronised, the part spent loading weights, peak RSS and peak device memory. Its parts are logged as they
+// finish, so a slow stage shows where its time goes.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <iomanip>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/log.h"
+#include "core/memory_stats.h"
+#include "pipeline/device_stats.h"
+#include "pipeline/flux_pipeline.h"
+
+namespace dp::pipeline {
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+class StageTimer {
+ public:
+  StageTimer(std::string name, const at::Device& device, std::vector<StageReport>* reports)
+      : device_(device), reports_(reports), started_(std::chrono::steady_clock::now()) {
+    report_.name = std::move(name);
+    reset_peak_resident();
+    reset_peak_memory(device_);  // the process's first CUDA call lands here: context, allocator
+    const double ready = seconds_since(started_);
+    if (ready > 0.05)
+      DP_INFO("stage ", report_.name, ": device ready after ", std::fixed, std::setprecision(3), ready,
+              " s (its first use initialises it)");
+  }
+  ~StageTimer() {
+    synchronize(device_);
+    report_.seconds = seconds_since(started_);
+    report_.peak_resident_bytes = peak_resident_bytes();
+    report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
+    DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
+            report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
+            device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
+    reports_->push_back(report_);
+  }
+
+  // Runs `work` to completion on the device and logs how long it took, so a slow stage shows which part;
+  // the time is also added to `*booked` when given.
+  template <typename Work>
+  auto timed(const char* what, Work&& work, double* booked = nullptr) {
+    const auto started = std::chrono::steady_clock::now();
+    auto result = work();
+    synchronize(device_);
+    const double seconds = seconds_since(started);
+    if (booked != nullptr) *booked += seconds;
+    DP_INFO("stage ", report_.name, ": ", what, " ", std::fixed, std::setprecision(3), seconds, " s");
+    return result;
+  }
+
+  // timed() for a component's from-folder constructor: its time, device copies included, is booked as
+  // loading rather than compute.
+  template <typename Load>
+  auto loading(const char* what, Load&& load) {
+    return timed(what, std::forward<Load>(load), &report_.load_seconds);
+  }
+
+ private:
+  at::Device device_;
+  std::vector<StageReport>* reports_;
+  std::chrono::steady_clock::time_point started_;
+  StageReport report_;
+};
+
+}  // namespace dp::pipeline

@@ -1,0 +1,223 @@
+#include "runtime/distributed_generate.h"
+
+#include <c10/core/InferenceMode.h>
+#include <torch/headeronly/version.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/json_file.h"
+#include "core/log.h"
+#include "io/run_dtype.h"
+#include "io/torch_tensors.h"
+#include "io/weight_index.h"
+#include "models/flux/flux_config.h"
+#include "pipeline/denoise_loop.h"
+#include "pipeline/flux_stage.h"
+#include "pipeline/stage_timer.h"
+#include "placement/plan.h"
+#include "placement/ring_stages.h"
+#include "runtime/mpi_transport.h"
+#include "runtime/ring.h"
+#include "runtime/world.h"
+
+#ifndef DIFFPIPE_GIT_REVISION
+#define DIFFPIPE_GIT_REVISION "unknown"
+#endif
+
+namespace dp::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+// FNV-1a, 64 bit: a stable fingerprint, not a security measure.
+struct Fnv {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  void add(const std::string& text) {
+    for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ULL;
+    hash = (hash ^ 0xff) * 0x100000001b3ULL;  // separator, so "ab"+"c" differs from "a"+"bc"
+  }
+  std::string hex() const {
+    char out[17];
+    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(hash));
+    return out;
+  }
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DP_CHECK(in.good(), path, ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The split every rank computes from the same headers.
+struct Plan {
+  nlohmann::ordered_json hf_device_map;
+  std::vector<placement::RankStage> stages;
+  std::string digest;
+};
+
+Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                      const RuntimeOptions& options, int world_size) {
+  placement::PlanRequest plan_request;
+  plan_request.model_dir = flux.folder().dir();
+  plan_request.device_map = options.device_map.empty() ? "pipeline" : options.device_map;
+  if (!options.max_memory.empty()) plan_request.max_memory = placement::read_max_memory_argument(options.max_memory);
+  plan_request.world_size = world_size;
+  plan_request.dtype = io::to_safetensors_dtype(request.dtype);
+  plan_request.timing.height = request.height;
+  plan_request.timing.width = request.width;
+  plan_request.timing.batch = options.microbatch_size;
+  plan_request.timing.text_tokens = request.max_sequence_length;
+  const auto plan = placement::make_plan(plan_request);
+  const std::string config_path = flux.folder().component("transformer").path + "/config.json";
+  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+  Plan out;
+  out.hf_device_map = plan.at("hf_device_map");
+  out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
+  Fnv fnv;
+  fnv.add(out.hf_device_map.dump());
+  for (const auto& s : out.stages) fnv.add(str(s.rank, ":", s.first_block, "-", s.last_block));
+  out.digest = plan_request.device_map + " " + fnv.hex();
+  return out;
+}
+
+std::string describe_stages(const std::vector<placement::RankStage>& stages) {
+  std::string text;
+  for (const auto& s : stages) text += str(text.empty() ? "" : ", ", "rank ", s.rank, " blocks [", s.first_block, ", ", s.last_block, ")");
+  return text;
+}
+
+at::Device rank_device(const pipeline::GenerateRequest& request, const World& world) {
+  if (!request.device.is_cuda()) return request.device;
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
+}
+
+void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const RuntimeOptions& options,
+               const Outputs& outputs, World& world, std::unique_ptr<Transport>& transport) {
+  c10::InferenceMode guard;
+  if (world.is_coordinator())
+    DP_INFO("runtime: ", world.size(), " rank(s); ", world.uses_mpi() ? world.mpi_version() : "no MPI launcher",
+            "; LibTorch ", TORCH_VERSION, "; build ", build_id());
+  world.agree("diffpipe build", build_id());
+  const std::string transformer_dir = flux.folder().component("transformer").path;
+  world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir));
+  const Plan plan = plan_transformer(flux, request, options, world.size());
+  world.agree("plan (device map and block ranges)", plan.digest);
+  const RingLayout layout(plan.stages, world.size());
+  if (world.is_coordinator()) DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
+  if (world.uses_mpi()) transport = std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
+
+  const auto grid = pipeline::latent_grid(request.height, request.width);
+  const at::Device device = rank_device(request, world);
+  const placement::RankStage* mine = layout.stage_of(world.rank());
+  const auto load_stage = [&]() -> std::shared_ptr<pipeline::FluxStage> {
+    if (mine == nullptr) return nullptr;
+    const auto started = std::chrono::steady_clock::now();
+    auto stage = std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block,
+                                                       request.dtype, device, grid, request.max_sequence_length);
+    DP_INFO("rank ", world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, ") in ", std::fixed,
+            std::setprecision(2), std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+            " s");
+    return stage;
+  };
+
+  if (!world.is_coordinator()) {
+    auto stage = load_stage();  // while rank 0 encodes the prompts
+    const RankTimes times = run_stage_worker(world.rank(), layout, *transport, stage.get());
+    DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
+            times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
+            transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
+    return;
+  }
+
+  // The coordinator: encode, then its own stage, then the ring.
+  const auto prompts = flux.encode_prompts(request);
+  const at::Tensor latents = flux.initial_latents(request, grid);
+  at::Tensor final_latents;
+  {
+    pipeline::StageTimer timer("denoise", device, flux.report_sink());
+    auto stage = timer.loading("transformer load", load_stage);
+    const pipeline::DenoiseSchedule schedule = flux.schedule(request, latents.size(1));
+    RingExecutor executor(layout, transport.get(), stage);
+    pipeline::DenoiseJob job;
+    job.latents = latents;
+    job.prompt_embeds = prompts.prompt_embeds;
+    job.pooled = prompts.pooled;
+    job.guidance = request.guidance;
+    job.guidance_embeds = schedule.guidance_embeds;
+    job.microbatch_size = options.microbatch_size;
+    job.scheduler = &schedule.scheduler;
+    pipeline::LoopCallbacks callbacks;
+    if (outputs.on_step) {
+      callbacks.on_step = [&](const pipeline::LoopProgress& p) {
+        pipeline::synchronize(device);
+        outputs.on_step(p);
+      };
+    }
+    final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
+    executor.shutdown();
+    if (transport)
+      DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
+              executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
+              transport->bytes_received() / 1e6, " MB received");
+  }  // the coordinator's blocks are released before the VAE loads
+  if (outputs.on_latents) outputs.on_latents(final_latents);
+  if (outputs.on_images) outputs.on_images(flux.decode(request, grid, final_latents));
+}
+
+}  // namespace
+
+std::string build_id() {
+  return str("diffpipe ", DIFFPIPE_VERSION, " git ", DIFFPIPE_GIT_REVISION, " built ", __DATE__, " ", __TIME__);
+}
+
+std::string model_fingerprint(const std::string& transformer_dir) {
+  Fnv fnv;
+  fnv.add(read_text((fs::path(transformer_dir) / "config.json").string()));
+  const auto weights = io::WeightIndex::open_dir(transformer_dir);
+  for (const auto& name : weights.names()) {
+    const auto& info = weights.info(name);
+    std::string shape;
+    for (int64_t d : info.shape) shape += std::to_string(d) + ",";
+    fnv.add(str(name, " ", io::dtype_name(info.dtype), " ", shape, " ", info.nbytes()));
+  }
+  return fnv.hex();
+}
+
+void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                          const RuntimeOptions& options, const Outputs& outputs) {
+  World& world = World::init(nullptr, nullptr);
+  std::unique_ptr<Transport> transport;
+  if (world.size() == 1) {
+    run_ranks(flux, request, options, outputs, world, transport);
+    return;
+  }
+  try {
+    run_ranks(flux, request, options, outputs, world, transport);
+  } catch (const RemoteFailure& e) {
+    DP_ERROR(e.what(), "; ending the job");
+    world.abort(1);
+  } catch (const std::exception& e) {
+    if (world.is_coordinator()) {
+      DP_ERROR("rank 0 failed: ", e.what(), "; ending the job");
+      world.abort(1);
+    }
+    DP_ERROR("rank ", world.rank(), " failed: ", e.what());
+    if (transport) transport->report_failure(e.what());
+    // The coordinator ends the job once it reads the report; if it cannot (stuck or gone), end it from here.
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    world.abort(1);
+  }
+}
+
+}  // namespace dp::runtime

@@ -1,0 +1,41 @@
+#pragma once
+// `diffpipe generate` over the MPI world: the same pipeline phases on one rank or N. Every rank plans the
+// transformer split from the same headers and checks that the others agree (build, model, plan). Rank 0
+// encodes the prompts while the other ranks load their blocks, then drives the denoising ring and decodes.
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+
+#include "pipeline/denoise_loop.h"
+#include "pipeline/flux_pipeline.h"
+
+namespace dp::runtime {
+
+struct RuntimeOptions {
+  std::string device_map;   // strategy or JSON map; empty: "pipeline" (time-balanced) over the world
+  std::string max_memory;   // --max-memory as `plan` reads it; empty: each rank's device memory
+  int64_t microbatch_size = 1;
+  double transport_timeout_seconds = 300;
+};
+
+struct Outputs {
+  // Coordinator only, once the batch's latents are final (B, N_img, C).
+  std::function<void(const at::Tensor& latents)> on_latents;
+  // Coordinator only, when decoding: 8-bit RGB images (B, H, W, 3).
+  std::function<void(const at::Tensor& images)> on_images;
+  std::function<void(const pipeline::LoopProgress&)> on_step;
+};
+
+// Runs the whole request. Returns normally on every rank when the run succeeded. When any rank fails, the
+// coordinator logs which rank and why, and the job ends non-zero on every rank (MPI_Abort); in a world of
+// one the error is thrown as usual.
+void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                          const RuntimeOptions& options, const Outputs& outputs);
+
+// Identifies this build for the ranks' agreement check: version, git revision, compile time.
+std::string build_id();
+// Identifies a model folder's transformer: its config and every tensor's name, dtype, shape and offsets.
+std::string model_fingerprint(const std::string& transformer_dir);
+
+}  // namespace dp::runtime

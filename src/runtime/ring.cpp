@@ -1,0 +1,156 @@
+#include "runtime/ring.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dp::runtime {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+RingLayout::RingLayout(std::vector<placement::RankStage> stages, int world_size)
+    : stages_(std::move(stages)), world_size_(world_size) {
+  DP_CHECK(!stages_.empty(), "the device map gives no rank any transformer block");
+  for (size_t i = 1; i < stages_.size(); ++i)
+    DP_CHECK(stages_[i].rank != 0, "rank 0 (the coordinator) holds blocks [", stages_[i].first_block, ", ",
+             stages_[i].last_block, ") but not the first ones; it can only start the ring: give GPU 0 the first "
+             "blocks or none");
+}
+
+const placement::RankStage* RingLayout::stage_of(int rank) const {
+  for (const auto& s : stages_)
+    if (s.rank == rank) return &s;
+  return nullptr;
+}
+
+int RingLayout::previous(int rank) const {
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (stages_[i].rank == rank) return i == 0 ? 0 : stages_[i - 1].rank;
+  return 0;  // idle ranks hear only from the coordinator
+}
+
+int RingLayout::next(int rank) const {
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (stages_[i].rank == rank) return i + 1 == stages_.size() ? 0 : stages_[i + 1].rank;
+  return 0;
+}
+
+RingExecutor::RingExecutor(const RingLayout& layout, Transport* transport,
+                           std::shared_ptr<pipeline::FluxStage> local_stage)
+    : layout_(layout), transport_(transport), local_(std::move(local_stage)) {
+  DP_CHECK(layout_.coordinator_runs_first_stage() == (local_ != nullptr),
+           "the coordinator's first stage and the ring layout disagree");
+}
+
+Transport& RingExecutor::transport() {
+  DP_CHECK(transport_ != nullptr, "the ring needs a transport to reach rank ", layout_.first_rank());
+  return *transport_;
+}
+
+void RingExecutor::send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) {
+  if (local_) {
+    local_->set_prompts(microbatch, prompt_embeds, pooled);
+    return;
+  }
+  transport().send(layout_.first_rank(), {MessageKind::prompts, microbatch, -1, {prompt_embeds, pooled}});
+}
+
+void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) {
+  if (!local_) {
+    transport().send(layout_.first_rank(), {MessageKind::step, microbatch, step, std::move(inputs)});
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  auto outputs = local_->run(microbatch, inputs);
+  times_.compute_seconds += seconds_since(started);
+  ++times_.steps;
+  if (local_->is_last()) {
+    local_results_.push_back({microbatch, step, std::move(outputs[0])});
+    return;
+  }
+  transport().send(layout_.next(0), {MessageKind::activations, microbatch, step, std::move(outputs)});
+}
+
+pipeline::StepResult RingExecutor::wait_result() {
+  if (!local_results_.empty()) {
+    auto result = std::move(local_results_.front());
+    local_results_.erase(local_results_.begin());
+    return result;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  Message message = transport().receive(layout_.last_rank());
+  times_.wait_seconds += seconds_since(started);
+  DP_CHECK(message.kind == MessageKind::noise && message.tensors.size() == 1 && message.tensors[0].defined(),
+           "rank 0: expected a noise prediction from rank ", layout_.last_rank(), ", got a ",
+           message_kind_name(message.kind), " message with ", message.tensors.size(), " tensor(s)");
+  return {message.microbatch, message.step, std::move(message.tensors[0])};
+}
+
+void RingExecutor::release(int64_t microbatch) {
+  if (local_) {
+    local_->forget(microbatch);
+    return;
+  }
+  transport().send(layout_.first_rank(), {MessageKind::release, microbatch, -1, {}});
+}
+
+int RingExecutor::max_in_flight() const { return static_cast<int>(layout_.stages().size()); }
+
+void RingExecutor::shutdown() {
+  // Round the ring from its first worker, plus every rank without blocks.
+  if (layout_.world_size() == 1) return;
+  const int first_worker = local_ ? layout_.next(0) : layout_.first_rank();
+  if (first_worker != 0) transport().send(first_worker, {MessageKind::shutdown, -1, -1, {}});
+  for (int r = 1; r < layout_.world_size(); ++r)
+    if (layout_.stage_of(r) == nullptr) transport().send(r, {MessageKind::shutdown, -1, -1, {}});
+  transport().flush();
+}
+
+RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage) {
+  RankTimes times;
+  const int from = layout.previous(rank), to = layout.next(rank);
+  for (;;) {
+    const auto waiting = std::chrono::steady_clock::now();
+    Message message = transport.receive(from);
+    times.wait_seconds += seconds_since(waiting);
+    const auto unexpected = [&] {
+      DP_FAIL("rank ", rank, ": unexpected ", message_kind_name(message.kind), " message from rank ", from,
+              stage ? "" : " (this rank holds no blocks)");
+    };
+    switch (message.kind) {
+      case MessageKind::shutdown:
+        if (stage != nullptr && to != 0) transport.send(to, std::move(message));
+        transport.flush();
+        return times;
+      case MessageKind::prompts:
+        if (stage == nullptr || !stage->is_first() || message.tensors.size() != 2) unexpected();
+        stage->set_prompts(message.microbatch, message.tensors[0], message.tensors[1]);
+        break;
+      case MessageKind::release:
+        if (stage == nullptr || !stage->is_first()) unexpected();
+        stage->forget(message.microbatch);
+        break;
+      case MessageKind::step:
+      case MessageKind::activations: {
+        if (stage == nullptr || (message.kind == MessageKind::step) != stage->is_first()) unexpected();
+        const auto started = std::chrono::steady_clock::now();
+        auto outputs = stage->run(message.microbatch, message.tensors);
+        times.compute_seconds += seconds_since(started);
+        ++times.steps;
+        const MessageKind kind = stage->is_last() ? MessageKind::noise : MessageKind::activations;
+        transport.send(to, {kind, message.microbatch, message.step, std::move(outputs)});
+        break;
+      }
+      case MessageKind::noise:
+        unexpected();
+    }
+  }
+}
+
+}  // namespace dp::runtime

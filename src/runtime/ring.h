@@ -1,0 +1,69 @@
+#pragma once
+// The denoising ring: coordinator (rank 0) -> stage 0 -> ... -> last stage -> coordinator. Rank 0 may run the
+// first stage itself; ranks without blocks idle until the run ends. The coordinator's side is a
+// pipeline::StageExecutor, so pipeline/denoise_loop.h drives one rank or N the same way.
+#include <memory>
+#include <vector>
+
+#include "pipeline/denoise_loop.h"
+#include "pipeline/flux_stage.h"
+#include "placement/ring_stages.h"
+#include "runtime/transport.h"
+
+namespace dp::runtime {
+
+// Who sends to whom. Throws when rank 0 holds blocks but not the first ones (the coordinator can only
+// start the ring).
+class RingLayout {
+ public:
+  RingLayout(std::vector<placement::RankStage> stages, int world_size);
+  const std::vector<placement::RankStage>& stages() const { return stages_; }
+  int world_size() const { return world_size_; }
+  // The stage `rank` runs, or null for a rank without blocks.
+  const placement::RankStage* stage_of(int rank) const;
+  bool coordinator_runs_first_stage() const { return stages_.front().rank == 0; }
+  int first_rank() const { return stages_.front().rank; }
+  int last_rank() const { return stages_.back().rank; }
+  // The rank a stage rank receives from (0 for the first stage) and sends to (0 after the last stage).
+  int previous(int rank) const;
+  int next(int rank) const;
+
+ private:
+  std::vector<placement::RankStage> stages_;
+  int world_size_;
+};
+
+// Per-rank figures for --report.
+struct RankTimes {
+  double compute_seconds = 0;  // inside the stage's forward
+  double wait_seconds = 0;     // blocked receiving
+  int64_t steps = 0;           // microbatch steps this rank computed
+};
+
+// The coordinator's executor. `local_stage` is the first stage when rank 0 runs it, else null.
+class RingExecutor : public pipeline::StageExecutor {
+ public:
+  // transport may be null in a world of one (nothing is sent).
+  RingExecutor(const RingLayout& layout, Transport* transport, std::shared_ptr<pipeline::FluxStage> local_stage);
+  void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) override;
+  void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override;
+  pipeline::StepResult wait_result() override;
+  void release(int64_t microbatch) override;
+  int max_in_flight() const override;
+  // Ends the run on every other rank (shutdown round the ring and to idle ranks) and waits for delivery.
+  void shutdown();
+  const RankTimes& times() const { return times_; }
+
+ private:
+  const RingLayout& layout_;
+  Transport& transport();
+  Transport* transport_;
+  std::shared_ptr<pipeline::FluxStage> local_;
+  std::vector<pipeline::StepResult> local_results_;
+  RankTimes times_;
+};
+
+// A rank other than 0: runs its stage for every message until shutdown (idle ranks just wait for it).
+RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage);
+
+}  // namespace dp::runtime

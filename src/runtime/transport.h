@@ -1,0 +1,62 @@
+#pragma once
+// How ranks exchange the ring's messages. A message is a kind, the microbatch and step it belongs to, and a
+// list of tensors (any may be undefined). The MPI transport stages tensors through host memory; an NCCL
+// transport moves device buffers. Every wait is bounded: a peer that stays silent past the timeout, a
+// failure reported by another rank, or a stop request ends the wait with an exception.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dp::runtime {
+
+enum class MessageKind : int32_t {
+  prompts = 1,      // coordinator -> first stage: prompt embeddings and pooled projection of a microbatch
+  step = 2,         // coordinator -> first stage: latents, timestep, guidance
+  activations = 3,  // stage -> next stage
+  noise = 4,        // last stage -> coordinator: the noise prediction
+  release = 5,      // a microbatch is finished: drop what was kept for it (flows round the ring)
+  shutdown = 6,     // the run is over (flows round the ring)
+};
+const char* message_kind_name(MessageKind kind);
+
+struct Message {
+  MessageKind kind = MessageKind::shutdown;
+  int64_t microbatch = -1;
+  int32_t step = -1;
+  std::vector<at::Tensor> tensors;
+};
+
+// Another rank failed and said why.
+class RemoteFailure : public std::runtime_error {
+ public:
+  RemoteFailure(int rank, const std::string& reason)
+      : std::runtime_error("rank " + std::to_string(rank) + " failed: " + reason), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Queues `message` for `peer` and returns; the tensors are kept until delivered. Waits (bounded) only when
+  // too many sends are pending.
+  virtual void send(int peer, Message message) = 0;
+  // The next message from `peer`, waiting at most the timeout; sends in progress keep moving meanwhile.
+  virtual Message receive(int peer) = 0;
+  // Waits (bounded) until every queued send has been delivered.
+  virtual void flush() = 0;
+  // Tells the coordinator that this rank failed; best effort, bounded by a few seconds.
+  virtual void report_failure(const std::string& reason) = 0;
+  // Bytes moved so far, for reports.
+  virtual uint64_t bytes_sent() const = 0;
+  virtual uint64_t bytes_received() const = 0;
+};
+
+}  // namespace dp::runtime

@@ -1,0 +1,121 @@
+#include "runtime/world.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dp::runtime {
+namespace {
+
+std::unique_ptr<World> g_world;
+
+void check_mpi(int code, const char* what) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  DP_FAIL(what, " failed: ", std::string(text, static_cast<size_t>(length)));
+}
+
+int env_int(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  return (end != nullptr && *end == '\0' && parsed > 0 && parsed < (1 << 20)) ? static_cast<int>(parsed) : 0;
+}
+
+}  // namespace
+
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
+    if (int n = env_int(name)) return n;
+  }
+  // Inside an srun step (SLURM_STEP_ID set) every task is a rank; in a batch script alone it is not.
+  if (std::getenv("SLURM_STEP_ID") != nullptr) return env_int("SLURM_NTASKS");
+  return 0;
+}
+
+World& World::init(int* argc, char*** argv) {
+  DP_CHECK(!g_world, "the MPI world is initialised twice");
+  g_world.reset(new World());
+  World& w = *g_world;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  w.host_ = host;
+  const int announced = launcher_world_size();
+  if (announced == 0) return w;  // a plain process: a world of one, no MPI
+
+  int provided = 0;
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  w.uses_mpi_ = true;
+  // Errors come back as codes that check_mpi turns into exceptions with context, instead of aborting inside MPI.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &w.size_), "MPI_Comm_size");
+  MPI_Comm local;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank_, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type");
+  MPI_Comm_rank(local, &w.local_rank_);
+  MPI_Comm_size(local, &w.local_size_);
+  MPI_Comm_free(&local);
+  log::set_rank(w.rank_);
+  DP_CHECK(w.size_ == announced, "this process is alone in an MPI world of ", w.size_, " while the launcher started ",
+           announced, " tasks: the ranks did not find each other (srun needs --mpi=pmix with Debian's Open MPI; "
+           "mpirun must be the Open MPI that diffpipe was built with)");
+  return w;
+}
+
+World& World::get() {
+  DP_CHECK(g_world != nullptr, "World::get() before World::init()");
+  return *g_world;
+}
+
+World::~World() {
+  int finalized = 0;
+  if (uses_mpi_ && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+}
+
+void World::agree(const std::string& what, const std::string& value) const {
+  if (!uses_mpi_ || size_ == 1) return;
+  const int length = static_cast<int>(value.size());
+  std::vector<int> lengths(static_cast<size_t>(size_));
+  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+  std::vector<int> offsets(static_cast<size_t>(size_), 0);
+  for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
+  check_mpi(MPI_Allgatherv(value.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                           MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+  std::map<std::string, std::string> holders;  // value -> "0,2,3"
+  for (int r = 0; r < size_; ++r) {
+    auto& ranks = holders[all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r]))];
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  }
+  if (holders.size() == 1) return;
+  std::string detail;
+  for (const auto& [v, ranks] : holders) detail += "\n  ranks " + ranks + ": " + v;
+  DP_FAIL("the ranks disagree on the ", what, ":", detail);
+}
+
+std::string World::mpi_version() const {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string version(text, static_cast<size_t>(length));
+  const auto newline = version.find_first_of("\r\n,");
+  return newline == std::string::npos ? version : version.substr(0, newline);
+}
+
+void World::abort(int code) const {
+  if (uses_mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace dp::runtime

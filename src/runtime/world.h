@@ -1,0 +1,47 @@
+#pragma once
+// The MPI world of a run: which rank this process is, how many there are, which GPU of its node it uses.
+// Rank 0 coordinates. A process not started by a launcher (no mpirun/srun environment) is a world of one and
+// never initialises MPI.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dp::runtime {
+
+class World {
+ public:
+  // Initialises MPI (MPI_Init_thread, funneled) when a launcher started this process, and checks that the
+  // world is the size the launcher meant: srun without PMI starts N singletons, each alone in its world.
+  static World& init(int* argc, char*** argv);
+  static World& get();  // after init()
+  ~World();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // among the ranks of this node (MPI_COMM_TYPE_SHARED)
+  int local_size() const { return local_size_; }
+  bool is_coordinator() const { return rank_ == 0; }
+  bool uses_mpi() const { return uses_mpi_; }
+  const std::string& host() const { return host_; }
+
+  // Every rank passes its value of `what` (a build id, a model fingerprint, a plan hash); throws on every rank
+  // when they differ, naming each distinct value and the ranks that hold it.
+  void agree(const std::string& what, const std::string& value) const;
+  // MPI, LibTorch-independent versions for the start-up log.
+  std::string mpi_version() const;
+
+  // Ends the whole job now (MPI_Abort when MPI runs, _exit otherwise).
+  [[noreturn]] void abort(int code) const;
+
+ private:
+  World() = default;
+  bool uses_mpi_ = false;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::string host_;
+};
+
+// The world size a launcher announced in the environment (OMPI_COMM_WORLD_SIZE, PMIX_SIZE, PMI_SIZE,
+// SLURM_NTASKS for srun steps), or 0 when no launcher is seen.
+int launcher_world_size();
+
+}  // namespace dp::runtime
