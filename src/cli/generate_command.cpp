@@ -78,7 +78,7 @@ std::string numbered_path(const std::string& path, int64_t index, int64_t count)
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + p.extension().string())).string();
 }
 
-void run_generate(const GenerateOptions& o) {
+void generate_on_this_rank(const GenerateOptions& o) {
   pipeline::GenerateRequest request;
   request.prompts = o.prompts;
   if (!o.prompts_file.empty()) {
@@ -209,7 +209,11 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--transport-timeout", o->runtime.transport_timeout_seconds,
                   "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank)")
       ->capture_default_str();
-  cmd->callback([o] { run_generate(*o); });
+  cmd->callback([o] {
+    // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
+    const auto& world = runtime::World::init(nullptr, nullptr);
+    world.run_guarded([&] { generate_on_this_rank(*o); });
+  });
 });
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <iomanip>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 #include "core/error.h"
 #include "core/json_file.h"
@@ -91,6 +90,16 @@ Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::Genera
   return out;
 }
 
+// What every rank must have been asked to do, in a readable form when short.
+std::string request_digest(const pipeline::GenerateRequest& request, const RuntimeOptions& options) {
+  Fnv prompts;
+  for (const auto& p : request.prompts) prompts.add(p);
+  return str(request.prompts.size(), " prompts (", prompts.hex(), ") x ", request.num_images_per_prompt, ", ",
+             request.width, "x", request.height, ", ", request.steps, " steps, seed ", request.seed, ", guidance ",
+             request.guidance, ", ", io::run_dtype_name(request.dtype), ", ", request.max_sequence_length,
+             " tokens, microbatch ", options.microbatch_size, ", device ", request.device.type() == at::kCUDA ? "cuda" : "cpu");
+}
+
 std::string describe_stages(const std::vector<placement::RankStage>& stages) {
   std::string text;
   for (const auto& s : stages) text += str(text.empty() ? "" : ", ", "rank ", s.rank, " blocks [", s.first_block, ", ", s.last_block, ")");
@@ -108,11 +117,14 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   if (world.is_coordinator())
     DP_INFO("runtime: ", world.size(), " rank(s); ", world.uses_mpi() ? world.mpi_version() : "no MPI launcher",
             "; LibTorch ", TORCH_VERSION, "; build ", build_id());
-  world.agree("diffpipe build", build_id());
+  world.agree("diffpipe build", build_id(), options.transport_timeout_seconds);
+  world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size)",
+              request_digest(request, options), options.transport_timeout_seconds);
   const std::string transformer_dir = flux.folder().component("transformer").path;
-  world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir));
+  world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir),
+              options.transport_timeout_seconds);
   const Plan plan = plan_transformer(flux, request, options, world.size());
-  world.agree("plan (device map and block ranges)", plan.digest);
+  world.agree("plan (device map and block ranges)", plan.digest, options.transport_timeout_seconds);
   const RingLayout layout(plan.stages, world.size());
   if (world.is_coordinator()) DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
   if (world.uses_mpi()) transport = std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
@@ -196,28 +208,8 @@ std::string model_fingerprint(const std::string& transformer_dir) {
 
 void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                           const RuntimeOptions& options, const Outputs& outputs) {
-  World& world = World::init(nullptr, nullptr);
   std::unique_ptr<Transport> transport;
-  if (world.size() == 1) {
-    run_ranks(flux, request, options, outputs, world, transport);
-    return;
-  }
-  try {
-    run_ranks(flux, request, options, outputs, world, transport);
-  } catch (const RemoteFailure& e) {
-    DP_ERROR(e.what(), "; ending the job");
-    world.abort(1);
-  } catch (const std::exception& e) {
-    if (world.is_coordinator()) {
-      DP_ERROR("rank 0 failed: ", e.what(), "; ending the job");
-      world.abort(1);
-    }
-    DP_ERROR("rank ", world.rank(), " failed: ", e.what());
-    if (transport) transport->report_failure(e.what());
-    // The coordinator ends the job once it reads the report; if it cannot (stuck or gone), end it from here.
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    world.abort(1);
-  }
+  run_ranks(flux, request, options, outputs, World::get(), transport);
 }
 
 }  // namespace dp::runtime

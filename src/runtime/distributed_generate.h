@@ -27,9 +27,8 @@ struct Outputs {
   std::function<void(const pipeline::LoopProgress&)> on_step;
 };
 
-// Runs the whole request. Returns normally on every rank when the run succeeded. When any rank fails, the
-// coordinator logs which rank and why, and the job ends non-zero on every rank (MPI_Abort); in a world of
-// one the error is thrown as usual.
+// Runs the whole request on this rank (World::init first; run it inside World::run_guarded so that a failure
+// on any rank ends the job everywhere). Only the coordinator calls `outputs`.
 void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                           const RuntimeOptions& options, const Outputs& outputs);
 

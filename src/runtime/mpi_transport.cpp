@@ -8,12 +8,12 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/failure_channel.h"
 
 namespace dp::runtime {
 namespace {
 
 constexpr int kDataTag = 1;
-constexpr int kFailureTag = 2;
 constexpr int64_t kMagic = 0x6470697065727567;  // "dpiperug", arbitrary
 constexpr int64_t kVersion = 1;
 constexpr int kMaxTensors = 4;
@@ -196,19 +196,6 @@ void MpiTransport::progress_sends() {
   }
 }
 
-void MpiTransport::check_failures() {
-  if (rank_ != 0) return;  // failures are reported to the coordinator, which ends the job
-  int flag = 0;
-  MPI_Status status;
-  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, MPI_COMM_WORLD, &flag, &status), "MPI_Iprobe");
-  if (!flag) return;
-  int count = 0;
-  MPI_Get_count(&status, MPI_CHAR, &count);
-  std::string reason(static_cast<size_t>(std::max(count, 0)), '\0');
-  MPI_Recv(reason.data(), count, MPI_CHAR, status.MPI_SOURCE, kFailureTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  throw RemoteFailure(status.MPI_SOURCE, reason);
-}
-
 void MpiTransport::wait(std::vector<MPI_Request>& requests, const std::string& what, int peer) {
   using clock = std::chrono::steady_clock;
   const auto started = clock::now();
@@ -219,7 +206,7 @@ void MpiTransport::wait(std::vector<MPI_Request>& requests, const std::string& w
               "MPI_Testall");
     if (done) return;
     progress_sends();
-    check_failures();
+    throw_if_a_rank_failed(rank_);
     const double waited = std::chrono::duration<double>(clock::now() - started).count();
     DP_CHECK(waited < timeout_seconds_, "rank ", rank_, ": no ", what, " from rank ", peer, " within ", std::fixed,
              std::setprecision(0), timeout_seconds_, " s (--transport-timeout): rank ", peer,
@@ -230,20 +217,6 @@ void MpiTransport::wait(std::vector<MPI_Request>& requests, const std::string& w
   }
 }
 
-void MpiTransport::report_failure(const std::string& reason) {
-  if (rank_ == 0) return;
-  const std::string text = reason.substr(0, 4000);
-  MPI_Request request;
-  if (MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, 0, kFailureTag, MPI_COMM_WORLD, &request) !=
-      MPI_SUCCESS)
-    return;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  int done = 0;
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!done) MPI_Request_free(&request);
-}
+void MpiTransport::report_failure(const std::string& reason) { report_failure_to_coordinator(rank_, reason); }
 
 }  // namespace dp::runtime

@@ -37,7 +37,6 @@ class MpiTransport : public Transport {
   void wait(std::vector<MPI_Request>& requests, const std::string& what, int peer);
   void progress_sends();
   void wait_oldest_send();
-  void check_failures();
 
   int rank_, world_size_;
   double timeout_seconds_;

@@ -1,14 +1,20 @@
 #include "runtime/world.h"
 
+#include <c10/util/Exception.h>
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <map>
 #include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/failure_channel.h"
+#include "runtime/transport.h"
 
 namespace dp::runtime {
 namespace {
@@ -82,17 +88,42 @@ World::~World() {
   if (uses_mpi_ && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
 }
 
-void World::agree(const std::string& what, const std::string& value) const {
+namespace {
+
+// Waits for a non-blocking collective, watching for a rank's failure report, at most `timeout_seconds`.
+void wait_collective(MPI_Request& request, int rank, const std::string& what, double timeout_seconds) {
+  const auto started = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(50);
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    throw_if_a_rank_failed(rank);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DP_CHECK(waited < timeout_seconds, "rank ", rank, ": the ranks did not all reach the ", what, " check within ",
+             timeout_seconds, " s (--transport-timeout): a rank is stuck, dead or unreachable");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+}
+
+}  // namespace
+
+void World::agree(const std::string& what, const std::string& value, double timeout_seconds) const {
   if (!uses_mpi_ || size_ == 1) return;
   const int length = static_cast<int>(value.size());
   std::vector<int> lengths(static_cast<size_t>(size_));
-  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+  MPI_Request request;
+  check_mpi(MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD, &request),
+            "MPI_Iallgather");
+  wait_collective(request, rank_, what, timeout_seconds);
   std::vector<int> offsets(static_cast<size_t>(size_), 0);
   for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
   std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  check_mpi(MPI_Allgatherv(value.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-                           MPI_COMM_WORLD),
-            "MPI_Allgatherv");
+  check_mpi(MPI_Iallgatherv(value.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                            MPI_COMM_WORLD, &request),
+            "MPI_Iallgatherv");
+  wait_collective(request, rank_, what, timeout_seconds);
   std::map<std::string, std::string> holders;  // value -> "0,2,3"
   for (int r = 0; r < size_; ++r) {
     auto& ranks = holders[all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r]))];
@@ -102,6 +133,33 @@ void World::agree(const std::string& what, const std::string& value) const {
   std::string detail;
   for (const auto& [v, ranks] : holders) detail += "\n  ranks " + ranks + ": " + v;
   DP_FAIL("the ranks disagree on the ", what, ":", detail);
+}
+
+void World::run_guarded(const std::function<void()>& work) const {
+  if (!uses_mpi_ || size_ == 1) {
+    work();
+    return;
+  }
+  try {
+    work();
+  } catch (const RemoteFailure& e) {
+    DP_ERROR(e.what(), "; ending the job");
+    abort(1);
+  } catch (const std::exception& e) {
+    // LibTorch's errors carry a C++ backtrace: one line here, the rest at debug level.
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string reason = torch_error ? torch_error->what_without_backtrace() : e.what();
+    if (torch_error) DP_DEBUG("rank ", rank_, ": ", e.what());
+    if (is_coordinator()) {
+      DP_ERROR("rank 0 failed: ", reason, "; ending the job");
+      abort(1);
+    }
+    DP_ERROR("rank ", rank_, " failed: ", reason);
+    report_failure_to_coordinator(rank_, reason);
+    // The coordinator ends the job once it reads the report; if it cannot (stuck or gone), end it from here.
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    abort(1);
+  }
 }
 
 std::string World::mpi_version() const {

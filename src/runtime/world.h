@@ -3,6 +3,7 @@
 // Rank 0 coordinates. A process not started by a launcher (no mpirun/srun environment) is a world of one and
 // never initialises MPI.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,12 @@ class World {
   const std::string& host() const { return host_; }
 
   // Every rank passes its value of `what` (a build id, a model fingerprint, a plan hash); throws on every rank
-  // when they differ, naming each distinct value and the ranks that hold it.
-  void agree(const std::string& what, const std::string& value) const;
+  // when they differ, naming each distinct value and the ranks that hold it. Waits at most timeout_seconds
+  // for the others, and on rank 0 stops early when a rank reports a failure.
+  void agree(const std::string& what, const std::string& value, double timeout_seconds) const;
+  // Runs `work`; in a world of several ranks a failure anywhere ends the job on every rank, non-zero, with
+  // the coordinator's log naming the failed rank and why. In a world of one the exception propagates.
+  void run_guarded(const std::function<void()>& work) const;
   // MPI, LibTorch-independent versions for the start-up log.
   std::string mpi_version() const;
 

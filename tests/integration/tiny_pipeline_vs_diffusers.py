@@ -3,6 +3,8 @@
 FluxPipeline.from_pretrained and give the same packed latents and images as `diffpipe generate`.
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and the pinned venv (torch, diffusers, transformers, h5py, PIL).
+DIFFPIPE_LAUNCH, when set, prefixes the generate commands (e.g. "mpirun --oversubscribe -np 3"), so the same
+comparison checks a multi-rank run.
 Exits non-zero with a message naming the first check that failed."""
 import os
 import pathlib
@@ -35,7 +37,7 @@ def run(command: list) -> str:
 
 
 def generate(binary: str, model: pathlib.Path, out: pathlib.Path, output_type: str) -> None:
-    command = [binary, "generate", "--model", str(model), "--dtype", "fp32", "--device", "cpu"]
+    command = os.environ.get("DIFFPIPE_LAUNCH", "").split() + [binary, "generate", "--model", str(model), "--dtype", "fp32", "--device", "cpu"]
     for prompt in PROMPTS:
         command += ["--prompt", prompt]
     command += ["--num-images-per-prompt", str(CALL["num_images_per_prompt"]), "--height", str(CALL["height"]),

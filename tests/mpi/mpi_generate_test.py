@@ -1,0 +1,239 @@
+"""Multi-rank `diffpipe generate` under a real mpirun (CPU, MPI transport, --oversubscribe).
+
+    mpi_generate_test.py CASE [--ranks N]
+
+Cases:
+  equal          N ranks give packed latents bit-identical to one process (fp32, same microbatch size), for
+                 the default time-balanced split and for accelerate's "balanced" map.
+  microbatches   microbatch sizes 1, 2 and 4 agree within 1e-6 of the latents' scale on N ranks.
+  fail-at-load   rank N-1 runs on a copy of the model whose transformer file is truncated: every rank ends
+                 non-zero within the bound and the coordinator's log names the rank and the file.
+  killed-rank    rank N-1 is killed with SIGKILL mid-run: the job ends non-zero within the bound and the
+                 output names the rank.
+  map-too-big    a device map naming more GPUs than ranks, and a max_memory too small for the model, both end
+                 non-zero at once with a message that says why.
+  disagreement   ranks started with different --dtype fail on the plan check, naming the ranks.
+
+Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
+import argparse
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+BOUND_SECONDS = 30  # a failed run must end within this
+PROMPTS = ["a cat sipping a margarita", "a lighthouse at dusk"]
+
+
+def fail(message):
+    print(f"FAIL: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def mpirun(ranks):
+    return ["mpirun", "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS=1"]
+
+
+def generate_args(model, out, extra=()):
+    """generate's arguments; `extra` (flag, value, ...) adds options or replaces the defaults' values."""
+    options = {"--model": str(model), "--dtype": "fp32", "--height": "64", "--width": "96", "--steps": "3",
+               "--seed": "7", "--num-images-per-prompt": "2", "--max-sequence-length": "32",
+               "--output-type": "latent", "--out": str(out)}
+    extra = list(extra)
+    for flag, value in zip(extra[0::2], extra[1::2]):
+        options[flag] = value
+    args = ["generate"]
+    for flag, value in options.items():
+        args += [flag, value]
+    for p in PROMPTS:
+        args += ["--prompt", p]
+    return args
+
+
+def run(command, timeout=600):
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+
+
+def latents(path):
+    with h5py.File(path, "r") as f:
+        return np.asarray(f["latents"])
+
+
+def case_equal(binary, model, tmp, ranks):
+    code, output, _ = run([binary] + generate_args(model, tmp / "one.h5", ["--microbatch-size", "1"]))
+    if code != 0:
+        fail(f"one process exited {code}:\n{output}")
+    reference = latents(tmp / "one.h5")
+    for device_map in ("pipeline", "balanced"):
+        out = tmp / f"ranks-{device_map}.h5"
+        extra = ["--microbatch-size", "1", "--device-map", device_map]
+        if device_map == "balanced":
+            extra += ["--max-memory", ",".join(f"{r}=1GB" for r in range(ranks))]
+        code, output, seconds = run(mpirun(ranks) + [binary] + generate_args(model, out, extra))
+        if code != 0:
+            fail(f"{ranks} ranks ({device_map}) exited {code}:\n{output}")
+        if "runtime: ring" not in output:
+            fail(f"{ranks} ranks ({device_map}): no ring was logged:\n{output}")
+        got = latents(out)
+        if got.shape != reference.shape or not np.array_equal(got, reference):
+            fail(f"{ranks} ranks ({device_map}): latents differ from one process, max abs difference "
+                 f"{np.abs(got - reference).max() if got.shape == reference.shape else got.shape}")
+        ring = [line for line in output.splitlines() if "runtime: ring" in line][0]
+        print(f"{ranks} ranks, {device_map}: bit-identical to one process ({seconds:.1f} s); {ring.split('] ', 2)[-1][:160]}")
+
+
+def case_microbatches(binary, model, tmp, ranks):
+    results = {}
+    for size in (1, 2, 4):
+        out = tmp / f"mb{size}.h5"
+        code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, out, ["--microbatch-size", str(size)]))
+        if code != 0:
+            fail(f"--microbatch-size {size} on {ranks} ranks exited {code}:\n{output}")
+        results[size] = latents(out)
+    scale = float(np.abs(results[1]).max())
+    for size in (2, 4):
+        error = float(np.abs(results[size] - results[1]).max()) / scale
+        print(f"{ranks} ranks: microbatch {size} vs 1: max difference {error:.3g} of the scale")
+        if not error <= 1e-6:
+            fail(f"microbatch {size} differs from microbatch 1 by {error:.3g} of the scale (> 1e-6)")
+
+
+def expect_bounded_failure(command, what, must_contain, timeout=BOUND_SECONDS + 30):
+    code, output, seconds = run(command, timeout=timeout)
+    if code == 0:
+        fail(f"{what}: exited 0:\n{output}")
+    if seconds > BOUND_SECONDS:
+        fail(f"{what}: took {seconds:.1f} s to end (bound {BOUND_SECONDS} s)")
+    for text in must_contain:
+        if text not in output:
+            fail(f"{what}: the output does not contain '{text}':\n{output}")
+    print(f"{what}: exit {code} after {seconds:.1f} s, names {must_contain}")
+
+
+def case_fail_at_load(binary, model, tmp, ranks):
+    broken = tmp / "broken"
+    shutil.copytree(model, broken)
+    weights = broken / "transformer" / "diffusion_pytorch_model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size - 4096)
+    last = ranks - 1
+    command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "x.h5") + [":", "-np", "1", binary] +
+               generate_args(broken, tmp / "x.h5"))
+    expect_bounded_failure(command, f"rank {last} with a truncated transformer file",
+                           [f"rank {last} failed", "diffusion_pytorch_model.safetensors"])
+    if (tmp / "x.h5").exists():
+        fail("a failed run left its output file")
+
+
+def rank_pids(rank, marker):
+    """PIDs of diffpipe-torch processes of MPI rank `rank` whose command line contains `marker`."""
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(proc / "exe")
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not exe.endswith("diffpipe-torch") or marker.encode() not in b" ".join(cmdline):
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def case_killed_rank(binary, model, tmp, ranks):
+    out = tmp / "killed.h5"
+    victim = ranks - 1
+    args = generate_args(model, out, ["--steps", "400", "--transport-timeout", "20"])
+    started = time.monotonic()
+    job = subprocess.Popen(mpirun(ranks) + [binary] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    output = []
+    killed_at = None
+    while True:
+        line = job.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        if killed_at is None and "step 1/400" in line:
+            pids = rank_pids(victim, str(out))
+            if not pids:
+                job.kill()
+                fail(f"could not find rank {victim}'s process")
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+        if time.monotonic() - started > 300:
+            job.kill()
+            fail("the run neither reached step 1 nor ended within 300 s:\n" + "".join(output))
+    code = job.wait()
+    text = "".join(output)
+    if killed_at is None:
+        fail(f"the run ended before step 1 (exit {code}):\n{text}")
+    seconds = time.monotonic() - killed_at
+    if code == 0:
+        fail(f"killing rank {victim} mid-run still exited 0:\n{text}")
+    if seconds > BOUND_SECONDS:
+        fail(f"the job took {seconds:.1f} s to end after rank {victim} was killed (bound {BOUND_SECONDS} s)")
+    if f"rank {victim}" not in text:
+        fail(f"the output does not name rank {victim}:\n{text}")
+    if out.exists():
+        fail("a killed run left its output file")
+    print(f"rank {victim} killed with SIGKILL at step 1: job exit {code} {seconds:.1f} s later, rank named")
+
+
+def case_map_too_big(binary, model, tmp, ranks):
+    device_map = tmp / "map.json"
+    device_map.write_text('{"": %d}' % ranks)
+    expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(model, tmp / "y.h5", ["--device-map", str(device_map)]),
+                           "a device map naming GPU %d in a world of %d" % (ranks, ranks),
+                           [f"device {ranks} is not in the world of {ranks}", "map.json"])
+    expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(
+        model, tmp / "y.h5", ["--max-memory", ",".join(f"{r}=10KB" for r in range(ranks)) + ",cpu=10KB"]),
+        "a max_memory too small for the model", ["rank 0 failed"])
+
+
+def case_disagreement(binary, model, tmp, ranks):
+    command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "z.h5") + [":", "-np", "1", binary] +
+               generate_args(model, tmp / "z.h5", ["--dtype", "bf16"]))
+    expect_bounded_failure(command, "ranks with different --dtype", ["disagree", f"ranks {ranks - 1}:"])
+
+
+CASES = {"equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
+         "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--ranks", type=int, default=3)
+    args = parser.parse_args()
+    binary = os.environ.get("DIFFPIPE_BINARY")
+    if not binary or not os.access(binary, os.X_OK):
+        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
+    if shutil.which("mpirun") is None:
+        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
+    with tempfile.TemporaryDirectory(prefix=f"diffpipe-mpi-{args.case}-") as tmp:
+        tmp = pathlib.Path(tmp)
+        model = tmp / "tiny"
+        code, output, _ = run([binary, "make-tiny", "--out", str(model)])
+        if code != 0:
+            fail(f"make-tiny exited {code}:\n{output}")
+        CASES[args.case](binary, model, tmp, args.ranks)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
