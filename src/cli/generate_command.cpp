@@ -209,6 +209,10 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--transport-timeout", o->runtime.transport_timeout_seconds,
                   "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank)")
       ->capture_default_str();
+  cmd->add_option("--report", o->runtime.report_path,
+                  "each rank writes its figures as JSON (rank, blocks, load time, peak memory, bytes to and from "
+                  "its neighbours, compute/receive/send/idle seconds in total and per step); with N > 1 ranks "
+                  "beside PATH as PATH.rankR.json");
   cmd->callback([o] {
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);

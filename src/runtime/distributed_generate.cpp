@@ -14,11 +14,13 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
+#include "core/memory_stats.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
 #include "io/weight_index.h"
 #include "models/flux/flux_config.h"
 #include "pipeline/denoise_loop.h"
+#include "pipeline/device_stats.h"
 #include "pipeline/flux_stage.h"
 #include "pipeline/stage_timer.h"
 #include "placement/plan.h"
@@ -106,6 +108,52 @@ std::string describe_stages(const std::vector<placement::RankStage>& stages) {
   return text;
 }
 
+std::string rank_report_path(const std::string& path, const World& world) {
+  if (world.size() == 1) return path;
+  const fs::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(world.rank()) + p.extension().string())).string();
+}
+
+// --report: what this rank did in the denoising phase, per step, with its boundaries' traffic.
+void write_rank_report(const RuntimeOptions& options, const World& world, const RingLayout& layout,
+                       const at::Device& device, const RankTimes& times, double load_seconds,
+                       const Transport* transport) {
+  if (options.report_path.empty()) return;
+  const placement::RankStage* stage = layout.stage_of(world.rank());
+  nlohmann::ordered_json doc = {
+      {"rank", world.rank()},
+      {"world_size", world.size()},
+      {"host", world.host()},
+      {"local_rank", world.local_rank()},
+      {"device", device.str()},
+      {"role", world.is_coordinator() ? (stage ? "coordinator and stage" : "coordinator") : (stage ? "stage" : "idle")},
+      {"blocks", stage ? nlohmann::ordered_json::array({stage->first_block, stage->last_block}) : nlohmann::ordered_json()},
+      {"load_seconds", load_seconds},
+      {"peak_resident_bytes", peak_resident_bytes()},
+      {"peak_device_bytes", device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0},
+      {"receives_from", world.is_coordinator() ? layout.last_rank() : layout.previous(world.rank())},
+      {"sends_to", world.is_coordinator() ? (layout.coordinator_runs_first_stage() ? layout.next(0) : layout.first_rank())
+                                          : layout.next(world.rank())},
+      {"bytes_sent", transport ? transport->bytes_sent() : 0},
+      {"bytes_received", transport ? transport->bytes_received() : 0},
+      {"denoise_wall_seconds", times.wall_seconds},
+      {"compute_seconds", times.compute_seconds},
+      {"receive_seconds", times.wait_seconds},
+      {"send_seconds", times.send_seconds},
+      {"idle_seconds", std::max(0.0, times.wall_seconds - times.compute_seconds - times.wait_seconds - times.send_seconds)},
+      {"microbatch_steps", times.steps}};
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (size_t s = 0; s < times.per_step.size(); ++s) {
+    const auto& step = times.per_step[s];
+    steps.push_back({{"step", s + 1}, {"microbatches", step.microbatches}, {"compute_seconds", step.compute_seconds},
+                     {"receive_seconds", step.receive_seconds}, {"send_seconds", step.send_seconds}});
+  }
+  doc["per_step"] = steps;
+  const std::string path = rank_report_path(options.report_path, world);
+  write_json_file(path, doc);
+  DP_INFO("rank ", world.rank(), ": wrote ", path);
+}
+
 at::Device rank_device(const pipeline::GenerateRequest& request, const World& world) {
   if (!request.device.is_cuda()) return request.device;
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
@@ -132,14 +180,15 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   const auto grid = pipeline::latent_grid(request.height, request.width);
   const at::Device device = rank_device(request, world);
   const placement::RankStage* mine = layout.stage_of(world.rank());
+  double load_seconds = 0;
   const auto load_stage = [&]() -> std::shared_ptr<pipeline::FluxStage> {
     if (mine == nullptr) return nullptr;
     const auto started = std::chrono::steady_clock::now();
     auto stage = std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block,
                                                        request.dtype, device, grid, request.max_sequence_length);
+    load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     DP_INFO("rank ", world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, ") in ", std::fixed,
-            std::setprecision(2), std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-            " s");
+            std::setprecision(2), load_seconds, " s");
     return stage;
   };
 
@@ -149,6 +198,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
+    write_rank_report(options, world, layout, device, times, load_seconds, transport.get());
     return;
   }
 
@@ -176,8 +226,12 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
         outputs.on_step(p);
       };
     }
+    const auto began = std::chrono::steady_clock::now();
     final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
     executor.shutdown();
+    RankTimes times = executor.times();
+    times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    write_rank_report(options, world, layout, device, times, load_seconds, transport.get());
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",

@@ -17,6 +17,8 @@ struct RuntimeOptions {
   std::string max_memory;   // --max-memory as `plan` reads it; empty: each rank's device memory
   int64_t microbatch_size = 1;
   double transport_timeout_seconds = 300;
+  // --report: each rank writes its figures as JSON here (PATH.rankN.json beside it when there are N > 1 ranks).
+  std::string report_path;
 };
 
 struct Outputs {

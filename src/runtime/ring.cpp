@@ -1,5 +1,6 @@
 #include "runtime/ring.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -13,6 +14,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 }  // namespace
+
+RankTimes::Step& RankTimes::at_step(int step) {
+  if (step >= static_cast<int>(per_step.size())) per_step.resize(static_cast<size_t>(step) + 1);
+  return per_step[static_cast<size_t>(std::max(step, 0))];
+}
 
 RingLayout::RingLayout(std::vector<placement::RankStage> stages, int world_size)
     : stages_(std::move(stages)), world_size_(world_size) {
@@ -68,13 +74,19 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
   }
   const auto started = std::chrono::steady_clock::now();
   auto outputs = local_->run(microbatch, inputs);
-  times_.compute_seconds += seconds_since(started);
+  const double compute = seconds_since(started);
+  times_.compute_seconds += compute;
+  times_.at_step(step).compute_seconds += compute;
+  ++times_.at_step(step).microbatches;
   ++times_.steps;
   if (local_->is_last()) {
     local_results_.push_back({microbatch, step, std::move(outputs[0])});
     return;
   }
+  const auto sending = std::chrono::steady_clock::now();
   transport().send(layout_.next(0), {MessageKind::activations, microbatch, step, std::move(outputs)});
+  times_.send_seconds += seconds_since(sending);
+  times_.at_step(step).send_seconds += seconds_since(sending);
 }
 
 pipeline::StepResult RingExecutor::wait_result() {
@@ -86,6 +98,7 @@ pipeline::StepResult RingExecutor::wait_result() {
   const auto started = std::chrono::steady_clock::now();
   Message message = transport().receive(layout_.last_rank());
   times_.wait_seconds += seconds_since(started);
+  times_.at_step(message.step).receive_seconds += seconds_since(started);
   DP_CHECK(message.kind == MessageKind::noise && message.tensors.size() == 1 && message.tensors[0].defined(),
            "rank 0: expected a noise prediction from rank ", layout_.last_rank(), ", got a ",
            message_kind_name(message.kind), " message with ", message.tensors.size(), " tensor(s)");
@@ -114,11 +127,15 @@ void RingExecutor::shutdown() {
 
 RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage) {
   RankTimes times;
+  const auto began = std::chrono::steady_clock::now();
   const int from = layout.previous(rank), to = layout.next(rank);
   for (;;) {
     const auto waiting = std::chrono::steady_clock::now();
     Message message = transport.receive(from);
-    times.wait_seconds += seconds_since(waiting);
+    const double waited = seconds_since(waiting);
+    times.wait_seconds += waited;
+    if (message.kind == MessageKind::step || message.kind == MessageKind::activations)
+      times.at_step(message.step).receive_seconds += waited;
     const auto unexpected = [&] {
       DP_FAIL("rank ", rank, ": unexpected ", message_kind_name(message.kind), " message from rank ", from,
               stage ? "" : " (this rank holds no blocks)");
@@ -127,6 +144,7 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
       case MessageKind::shutdown:
         if (stage != nullptr && to != 0) transport.send(to, std::move(message));
         transport.flush();
+        times.wall_seconds = seconds_since(began);
         return times;
       case MessageKind::prompts:
         if (stage == nullptr || !stage->is_first() || message.tensors.size() != 2) unexpected();
@@ -141,10 +159,17 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
         if (stage == nullptr || (message.kind == MessageKind::step) != stage->is_first()) unexpected();
         const auto started = std::chrono::steady_clock::now();
         auto outputs = stage->run(message.microbatch, message.tensors);
-        times.compute_seconds += seconds_since(started);
+        const double compute = seconds_since(started);
+        auto& step = times.at_step(message.step);
+        times.compute_seconds += compute;
+        step.compute_seconds += compute;
+        ++step.microbatches;
         ++times.steps;
         const MessageKind kind = stage->is_last() ? MessageKind::noise : MessageKind::activations;
+        const auto sending = std::chrono::steady_clock::now();
         transport.send(to, {kind, message.microbatch, message.step, std::move(outputs)});
+        times.send_seconds += seconds_since(sending);
+        step.send_seconds += seconds_since(sending);
         break;
       }
       case MessageKind::noise:

@@ -33,11 +33,21 @@ class RingLayout {
   int world_size_;
 };
 
-// Per-rank figures for --report.
+// Per-rank figures for --report, in total and per denoising step (summed over the step's microbatches).
 struct RankTimes {
-  double compute_seconds = 0;  // inside the stage's forward
-  double wait_seconds = 0;     // blocked receiving
-  int64_t steps = 0;           // microbatch steps this rank computed
+  struct Step {
+    double compute_seconds = 0;  // inside the stage's forward
+    double receive_seconds = 0;  // blocked waiting for this step's input (or, on rank 0, its result)
+    double send_seconds = 0;     // staging and queueing this step's output
+    int64_t microbatches = 0;
+  };
+  double compute_seconds = 0;
+  double wait_seconds = 0;  // blocked receiving, whatever the message
+  double send_seconds = 0;
+  int64_t steps = 0;        // microbatch steps this rank computed
+  double wall_seconds = 0;  // the denoising phase on this rank, from its first wait to the shutdown
+  std::vector<Step> per_step;
+  Step& at_step(int step);  // grows per_step as needed
 };
 
 // The coordinator's executor. `local_stage` is the first stage when rank 0 runs it, else null.

@@ -13,6 +13,8 @@ Cases:
   map-too-big    a device map naming more GPUs than ranks, and a max_memory too small for the model, both end
                  non-zero at once with a message that says why.
   disagreement   ranks started with different --dtype fail on the plan check, naming the ranks.
+  report         --report writes one JSON per rank with its blocks, traffic and per-step times, consistent
+                 across ranks (what one rank sends the next receives).
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
@@ -211,8 +213,40 @@ def case_disagreement(binary, model, tmp, ranks):
     expect_bounded_failure(command, "ranks with different --dtype", ["disagree", f"ranks {ranks - 1}:"])
 
 
+def case_report(binary, model, tmp, ranks):
+    import json
+    report = tmp / "report.json"
+    code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "r.h5", ["--report", str(report)]))
+    if code != 0:
+        fail(f"--report on {ranks} ranks exited {code}:\n{output}")
+    docs = []
+    for r in range(ranks):
+        path = tmp / f"report.rank{r}.json"
+        if not path.exists():
+            fail(f"rank {r} wrote no {path.name}")
+        doc = json.loads(path.read_text())
+        if doc["rank"] != r or doc["world_size"] != ranks:
+            fail(f"{path.name} says rank {doc['rank']} of {doc['world_size']}")
+        if len(doc["per_step"]) != 3:
+            fail(f"{path.name}: {len(doc['per_step'])} per-step records for 3 steps")
+        if doc["microbatch_steps"] != 4 * 3:
+            fail(f"{path.name}: {doc['microbatch_steps']} microbatch steps, expected 12 (4 images, 3 steps)")
+        for key in ("compute_seconds", "receive_seconds", "send_seconds", "idle_seconds", "load_seconds"):
+            if not doc[key] >= 0:
+                fail(f"{path.name}: {key} = {doc[key]}")
+        docs.append(doc)
+    for doc in docs:
+        peer = docs[doc["sends_to"]]
+        # Each rank has one outbound and one inbound neighbour, so the bytes on a boundary match exactly.
+        if peer["receives_from"] != doc["rank"] or peer["bytes_received"] != doc["bytes_sent"]:
+            fail(f"rank {doc['rank']} sends {doc['bytes_sent']} bytes to rank {doc['sends_to']}, which receives "
+                 f"{peer['bytes_received']} from rank {peer['receives_from']}")
+    print(f"{ranks} per-rank reports: blocks {[d['blocks'] for d in docs]}, bytes sent {[d['bytes_sent'] for d in docs]}")
+
+
 CASES = {"equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
-         "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement}
+         "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
+         "report": case_report}
 
 
 def main():
