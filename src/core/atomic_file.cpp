@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -72,12 +73,28 @@ fs::path directory_of(const std::string& path) {
   return dir.empty() ? fs::path(".") : dir;
 }
 
+// The mode a plain open(O_CREAT, 0666) would give: mkstemp creates 0600, which would hide outputs from the
+// group and others against the user's umask. Read from /proc (umask() itself changes process state).
+mode_t default_file_mode() {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  unsigned mask = 022;
+  if (status != nullptr) {
+    char line[256];
+    while (std::fgets(line, sizeof line, status) != nullptr) {
+      if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
+    }
+    std::fclose(status);
+  }
+  return static_cast<mode_t>(0666 & ~mask);
+}
+
 // Creates a unique empty file ".NAME.XXXXXX.partial" beside `target`; returns its path.
 std::string make_temporary(const std::string& target) {
   const fs::path dir = directory_of(target);
   std::string pattern = (dir / ("." + fs::path(target).filename().string() + ".XXXXXX.partial")).string();
   const int fd = ::mkstemps(pattern.data(), 8);
   DP_CHECK(fd >= 0, target, ": cannot create a file in ", dir.string(), " (", errno_text(), ")");
+  ::fchmod(fd, default_file_mode());
   ::close(fd);
   return pattern;
 }

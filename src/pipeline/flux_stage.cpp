@@ -9,6 +9,30 @@
 #include "core/json_file.h"
 
 namespace dp::pipeline {
+namespace {
+
+// The checkpoint bytes behind the modules `parts` holds: what loading this piece reads from disk.
+uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& config, const models::FluxParts& parts) {
+  const auto block_of = [&](const std::string& name) -> int64_t {
+    for (const auto& [prefix, offset] : {std::pair<std::string, int64_t>{"transformer_blocks.", 0},
+                                         std::pair<std::string, int64_t>{"single_transformer_blocks.", config.num_layers}}) {
+      if (name.rfind(prefix, 0) != 0) continue;
+      return offset + std::stoll(name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size()));
+    }
+    return -1;
+  };
+  uint64_t bytes = 0;
+  for (const auto& name : weights.names()) {
+    const int64_t block = block_of(name);
+    const bool head = name.rfind("norm_out.", 0) == 0 || name.rfind("proj_out.", 0) == 0;
+    const bool held = block >= 0 ? (block >= parts.first_block && block < parts.last_block)
+                                 : (head ? parts.head : parts.embedders);
+    if (held) bytes += weights.info(name).nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace
 
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
                      at::Device device, const LatentGrid& grid, int64_t text_tokens) {
@@ -21,6 +45,7 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
   parts.embedders = first_block == 0;
   parts.head = parts.last_block == config.num_blocks();
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
+  weight_bytes_ = held_bytes(*weights, config, parts);
   model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts);
   const at::Tensor txt_ids = at::zeros({text_tokens, 3}, at::TensorOptions().device(device));
   rope_ = model_.rotary(txt_ids, latent_image_ids(grid).to(device));

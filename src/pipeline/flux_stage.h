@@ -29,6 +29,8 @@ class FluxStage {
   int64_t first_block() const { return model_.parts().first_block; }
   int64_t last_block() const { return model_.parts().last_block; }
   const models::FluxConfig& config() const { return model_.config(); }
+  // Bytes of the checkpoint tensors this piece read (its blocks, plus embedders / head when held).
+  uint64_t weight_bytes() const { return weight_bytes_; }
 
   // First piece only: a microbatch's prompt embeddings, embedded once (the text stream's input is the same at
   // every step) and kept with the pooled projection until forget().
@@ -46,6 +48,7 @@ class FluxStage {
   models::FluxTransformer model_;
   models::flux::RotaryTables rope_;
   std::map<int64_t, Prompts> prompts_;
+  uint64_t weight_bytes_ = 0;
 };
 
 }  // namespace dp::pipeline

@@ -116,7 +116,7 @@ std::string rank_report_path(const std::string& path, const World& world) {
 
 // --report: what this rank did in the denoising phase, per step, with its boundaries' traffic.
 void write_rank_report(const RuntimeOptions& options, const World& world, const RingLayout& layout,
-                       const at::Device& device, const RankTimes& times, double load_seconds,
+                       const at::Device& device, const RankTimes& times, double load_seconds, uint64_t load_bytes,
                        const Transport* transport) {
   if (options.report_path.empty()) return;
   const placement::RankStage* stage = layout.stage_of(world.rank());
@@ -129,6 +129,8 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"role", world.is_coordinator() ? (stage ? "coordinator and stage" : "coordinator") : (stage ? "stage" : "idle")},
       {"blocks", stage ? nlohmann::ordered_json::array({stage->first_block, stage->last_block}) : nlohmann::ordered_json()},
       {"load_seconds", load_seconds},
+      {"load_bytes", load_bytes},
+      {"load_gb_per_s", load_seconds > 0 ? load_bytes / 1e9 / load_seconds : 0.0},
       {"peak_resident_bytes", peak_resident_bytes()},
       {"peak_device_bytes", device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0},
       {"receives_from", world.is_coordinator() ? layout.last_rank() : layout.previous(world.rank())},
@@ -181,14 +183,17 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   const at::Device device = rank_device(request, world);
   const placement::RankStage* mine = layout.stage_of(world.rank());
   double load_seconds = 0;
+  uint64_t load_bytes = 0;
   const auto load_stage = [&]() -> std::shared_ptr<pipeline::FluxStage> {
     if (mine == nullptr) return nullptr;
     const auto started = std::chrono::steady_clock::now();
     auto stage = std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block,
                                                        request.dtype, device, grid, request.max_sequence_length);
     load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    DP_INFO("rank ", world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, ") in ", std::fixed,
-            std::setprecision(2), load_seconds, " s");
+    load_bytes = stage->weight_bytes();
+    DP_INFO("rank ", world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ", std::fixed,
+            std::setprecision(1), load_bytes / 1e6, " MB in ", std::setprecision(2), load_seconds, " s (",
+            std::setprecision(3), load_seconds > 0 ? load_bytes / 1e9 / load_seconds : 0.0, " GB/s)");
     return stage;
   };
 
@@ -198,7 +203,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
-    write_rank_report(options, world, layout, device, times, load_seconds, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
     return;
   }
 
@@ -231,7 +236,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     executor.shutdown();
     RankTimes times = executor.times();
     times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    write_rank_report(options, world, layout, device, times, load_seconds, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
