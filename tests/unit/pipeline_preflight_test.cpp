@@ -167,7 +167,9 @@ TEST(Preflight, InspectReportsTheSameProblems) {
     std::size_t listed = 0;
     for (const auto& c : report["components"]) {
       listed += c["problems"].size();
-      if (c["name"] == "text_encoder_2") EXPECT_TRUE(c.contains("parameters")) << c.dump();
+      if (c["name"] == "text_encoder_2") {
+        EXPECT_TRUE(c.contains("parameters")) << c.dump();
+      }
     }
     EXPECT_EQ(listed, 1u) << report.dump(2);
   }
