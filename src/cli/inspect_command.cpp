@@ -1,14 +1,18 @@
-// `diffpipe inspect`: what a model folder holds, from safetensors headers only (no weights are read).
+// `diffpipe inspect`: what a model folder holds, from safetensors headers only (no weights are read), and
+// what is wrong with it: the same component checks `generate` runs before any compute.
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "core/error.h"
 #include "core/json_file.h"
 #include "io/model_folder.h"
 #include "io/weight_index.h"
+#include "models/component_check.h"
 
 namespace dp::cli {
 namespace {
@@ -26,66 +30,93 @@ std::string join(const std::set<std::string>& items) {
   return out;
 }
 
-void run_inspect(const std::string& model_dir, bool as_json) {
-  const auto folder = io::ModelFolder::open(model_dir);
-  nlohmann::json report = {{"model", model_dir}, {"components", nlohmann::json::array()}};
-  for (const auto& component : folder.components()) {
-    nlohmann::json entry = {{"name", component.name}, {"class", component.class_name}, {"library", component.library}};
-    if (!component.has_weights) {
-      entry["modules"] = nlohmann::json::array();
-      report["components"].push_back(entry);
-      continue;
-    }
-    const auto weights = io::WeightIndex::open_dir(component.path);
-    std::map<std::string, ModuleSummary> modules;  // keyed by top-level module name
-    ModuleSummary total;
-    for (const auto& name : weights.names()) {
-      const auto& info = weights.info(name);
-      const std::string top = name.substr(0, name.find('.'));
-      for (ModuleSummary* s : {&modules[top], &total}) {
-        s->tensors += 1;
-        s->parameters += info.numel();
-        s->bytes += info.nbytes();
-        s->dtypes.insert(std::string(io::dtype_name(info.dtype)));
-      }
-    }
-    entry["parameters"] = total.parameters;
-    entry["bytes"] = total.bytes;
-    entry["dtypes"] = total.dtypes;
-    entry["modules"] = nlohmann::json::array();
-    for (const auto& [name, s] : modules) {
-      entry["modules"].push_back(
-          {{"module", name}, {"tensors", s.tensors}, {"parameters", s.parameters}, {"bytes", s.bytes}, {"dtypes", s.dtypes}});
-    }
-    report["components"].push_back(entry);
+// Parameters, bytes and dtypes per top-level module, from the headers; null when they do not parse (the
+// component check has then reported why).
+nlohmann::json summarise_weights(const io::Component& component) {
+  std::optional<io::WeightIndex> weights;
+  try {
+    weights = io::WeightIndex::open_dir(component.path);
+  } catch (const Error&) {
+    return nullptr;
   }
-  if (as_json) {
-    std::cout << report.dump(2) << "\n";
-    return;
+  std::map<std::string, ModuleSummary> modules;  // keyed by top-level module name
+  ModuleSummary total;
+  for (const auto& name : weights->names()) {
+    const auto& info = weights->info(name);
+    const std::string top = name.substr(0, name.find('.'));
+    for (ModuleSummary* s : {&modules[top], &total}) {
+      s->tensors += 1;
+      s->parameters += info.numel();
+      s->bytes += info.nbytes();
+      s->dtypes.insert(std::string(io::dtype_name(info.dtype)));
+    }
   }
-  std::cout << "model: " << model_dir << "\n";
+  nlohmann::json summary = {{"parameters", total.parameters},
+                            {"bytes", total.bytes},
+                            {"dtypes", total.dtypes},
+                            {"modules", nlohmann::json::array()}};
+  for (const auto& [name, s] : modules) {
+    summary["modules"].push_back(
+        {{"module", name}, {"tensors", s.tensors}, {"parameters", s.parameters}, {"bytes", s.bytes}, {"dtypes", s.dtypes}});
+  }
+  return summary;
+}
+
+void print_tables(const nlohmann::json& report) {
+  std::cout << "model: " << report["model"].get<std::string>() << "\n";
   for (const auto& c : report["components"]) {
     std::cout << "\n" << c["name"].get<std::string>() << " (" << c["class"].get<std::string>() << ")";
     if (!c.contains("parameters")) {
       std::cout << ": no weights\n";
-      continue;
+    } else {
+      std::cout << ": " << human_count(c["parameters"].get<uint64_t>()) << " parameters, "
+                << human_bytes(c["bytes"].get<uint64_t>()) << ", " << join(c["dtypes"].get<std::set<std::string>>())
+                << "\n";
+      std::cout << "  " << std::left << std::setw(34) << "module" << std::right << std::setw(9) << "tensors"
+                << std::setw(16) << "parameters" << std::setw(16) << "bytes" << "  dtypes\n";
+      for (const auto& m : c["modules"]) {
+        std::cout << "  " << std::left << std::setw(34) << m["module"].get<std::string>() << std::right << std::setw(9)
+                  << m["tensors"].get<uint64_t>() << std::setw(16) << m["parameters"].get<uint64_t>() << std::setw(16)
+                  << m["bytes"].get<uint64_t>() << "  " << join(m["dtypes"].get<std::set<std::string>>()) << "\n";
+      }
     }
-    std::cout << ": " << human_count(c["parameters"].get<uint64_t>()) << " parameters, "
-              << human_bytes(c["bytes"].get<uint64_t>()) << ", " << join(c["dtypes"].get<std::set<std::string>>())
-              << "\n";
-    std::cout << "  " << std::left << std::setw(34) << "module" << std::right << std::setw(9) << "tensors"
-              << std::setw(16) << "parameters" << std::setw(16) << "bytes" << "  dtypes\n";
-    for (const auto& m : c["modules"]) {
-      std::cout << "  " << std::left << std::setw(34) << m["module"].get<std::string>() << std::right << std::setw(9)
-                << m["tensors"].get<uint64_t>() << std::setw(16) << m["parameters"].get<uint64_t>() << std::setw(16)
-                << m["bytes"].get<uint64_t>() << "  " << join(m["dtypes"].get<std::set<std::string>>()) << "\n";
-    }
+    for (const auto& problem : c["problems"]) std::cout << "  problem: " << problem.get<std::string>() << "\n";
   }
+}
+
+void run_inspect(const std::string& model_dir, bool as_json) {
+  const auto folder = io::ModelFolder::open(model_dir);
+  const auto problems = models::check_model_folder(folder);
+  nlohmann::json report = {{"model", model_dir}, {"components", nlohmann::json::array()}};
+  for (const auto& component : folder.components()) {
+    nlohmann::json entry = {{"name", component.name},
+                            {"class", component.class_name},
+                            {"library", component.library},
+                            {"modules", nlohmann::json::array()},
+                            {"problems", nlohmann::json::array()}};
+    for (const auto& p : problems)
+      if (p.component == component.name) entry["problems"].push_back(p.message);
+    if (component.has_weights) {
+      const auto summary = summarise_weights(component);
+      if (!summary.is_null()) entry.update(summary);
+    }
+    report["components"].push_back(entry);
+  }
+  report["problems"] = problems.size();
+  if (as_json) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    print_tables(report);
+  }
+  // Exiting non-zero lets a script validate a folder without running it; the report says what is wrong.
+  DP_CHECK(problems.empty(), model_dir, ": ", problems.size(), problems.size() == 1 ? " problem" : " problems",
+           " found (listed above)");
 }
 
 CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
   auto* cmd = root.add_subcommand("inspect", "List components, parameter counts, dtypes and bytes per top-level "
-                                             "module, from safetensors headers only");
+                                             "module, from safetensors headers only, and check each component "
+                                             "as generate does before it runs (exit status 1 on any problem)");
   auto model = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   cmd->add_option("--model", *model, "diffusers model folder (or one component folder)")->required();

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/memory_stats.h"
 #include "models/clip/clip_text_model.h"
+#include "models/component_check.h"
 #include "tokenizers/clip_tokenizer.h"
 #include "schedulers/flow_match_scheduler.h"
 #include "models/flux/flux_transformer.h"
@@ -53,15 +54,10 @@ void GenerateRequest::validate() const {
 FluxPipeline::FluxPipeline(io::ModelFolder folder) : folder_(std::move(folder)) {}
 
 void FluxPipeline::check_components(bool decode) const {
-  std::vector<std::string> needed = {"tokenizer", "tokenizer_2", "text_encoder", "text_encoder_2", "transformer",
-                                     "scheduler"};
-  if (decode) needed.push_back("vae");
-  for (const auto& name : needed) folder_.component(name);  // throws naming what is missing
-  for (const auto& name : {"text_encoder", "text_encoder_2", "transformer"})
-    DP_CHECK(folder_.component(name).has_weights, folder_.component(name).path, ": component '", name,
-             "' has no safetensors weights");
-  if (decode)
-    DP_CHECK(folder_.component("vae").has_weights, folder_.component("vae").path, ": component 'vae' has no weights");
+  const auto started = std::chrono::steady_clock::now();
+  models::throw_if_problems(models::check_flux_pipeline(folder_, decode), folder_.dir());
+  DP_DEBUG("preflight: configs and weight headers of ", folder_.dir(), " checked in ", std::fixed,
+           std::setprecision(1), seconds_since(started) * 1000, " ms");
 }
 
 PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {

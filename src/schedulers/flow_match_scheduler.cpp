@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "core/error.h"
-#include "core/json_file.h"
 
 namespace dp::schedulers {
 namespace {
@@ -30,40 +29,7 @@ std::vector<double> numpy_linspace(double start, double stop, int num) {
   return values;
 }
 
-void reject_option(const nlohmann::json& doc, const std::string& key, const std::string& path) {
-  if (!doc.contains(key) || doc[key].is_null()) return;
-  const bool enabled = doc[key].is_boolean() ? doc[key].get<bool>() : true;
-  DP_CHECK(!enabled, path, ": scheduler option '", key, "' = ", doc[key].dump(), " is not supported");
-}
-
 }  // namespace
-
-FlowMatchSchedulerConfig FlowMatchSchedulerConfig::from_file(const std::string& path) {
-  const auto doc = read_json_file(path);
-  DP_CHECK(doc.is_object(), path, ": expected a JSON object");
-  const std::string class_name = json_get_or<std::string>(doc, "_class_name", "FlowMatchEulerDiscreteScheduler", path);
-  DP_CHECK(class_name == "FlowMatchEulerDiscreteScheduler", path, ": _class_name '", class_name,
-           "' is not FlowMatchEulerDiscreteScheduler");
-  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "shift_terminal",
-                          "stochastic_sampling", "use_flow_sigmas"}) {
-    reject_option(doc, key, path);
-  }
-  FlowMatchSchedulerConfig config;
-  config.num_train_timesteps = json_get_or<int>(doc, "num_train_timesteps", config.num_train_timesteps, path);
-  config.shift = json_get_or<double>(doc, "shift", config.shift, path);
-  config.use_dynamic_shifting = json_get_or<bool>(doc, "use_dynamic_shifting", config.use_dynamic_shifting, path);
-  config.base_shift = json_get_or<double>(doc, "base_shift", config.base_shift, path);
-  config.max_shift = json_get_or<double>(doc, "max_shift", config.max_shift, path);
-  config.base_image_seq_len = json_get_or<int>(doc, "base_image_seq_len", config.base_image_seq_len, path);
-  config.max_image_seq_len = json_get_or<int>(doc, "max_image_seq_len", config.max_image_seq_len, path);
-  config.invert_sigmas = json_get_or<bool>(doc, "invert_sigmas", config.invert_sigmas, path);
-  config.time_shift_type = json_get_or<std::string>(doc, "time_shift_type", config.time_shift_type, path);
-  DP_CHECK(config.time_shift_type == "exponential" || config.time_shift_type == "linear", path,
-           ": time_shift_type '", config.time_shift_type, "' must be 'exponential' or 'linear'");
-  DP_CHECK(config.num_train_timesteps > 0, path, ": num_train_timesteps must be positive, got ",
-           config.num_train_timesteps);
-  return config;
-}
 
 double flux_calculate_shift(int64_t image_seq_len, int base_seq_len, int max_seq_len, double base_shift,
                             double max_shift) {

@@ -7,23 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "models/scheduler/flow_match_config.h"  // FlowMatchSchedulerConfig, parsed torch-free
+
 namespace dp::schedulers {
-
-struct FlowMatchSchedulerConfig {
-  int num_train_timesteps = 1000;
-  double shift = 1.0;
-  bool use_dynamic_shifting = false;
-  double base_shift = 0.5;
-  double max_shift = 1.15;
-  int base_image_seq_len = 256;
-  int max_image_seq_len = 4096;
-  bool invert_sigmas = false;
-  std::string time_shift_type = "exponential";  // or "linear"
-
-  // Reads scheduler/scheduler_config.json. Options this runtime does not implement (karras, exponential or
-  // beta sigmas, shift_terminal, stochastic sampling) are rejected with an error naming the key.
-  static FlowMatchSchedulerConfig from_file(const std::string& path);
-};
 
 // FluxPipeline.calculate_shift: mu grows linearly with the packed image sequence length (not clamped).
 double flux_calculate_shift(int64_t image_seq_len, int base_seq_len = 256, int max_seq_len = 4096,

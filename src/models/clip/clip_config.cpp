@@ -2,11 +2,13 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/config_limits.h"
 #include "models/activation_names.h"
 
 namespace dp::models {
 
 ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& doc, const std::string& source) {
+  require_json_object(doc, source);
   ClipTextConfig c;
   c.vocab_size = json_get_or<int64_t>(doc, "vocab_size", c.vocab_size, source);
   c.hidden_size = json_get_or<int64_t>(doc, "hidden_size", c.hidden_size, source);
@@ -27,9 +29,9 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& doc, const std::s
                              {"intermediate_size", c.intermediate_size},
                              {"num_attention_heads", c.num_attention_heads},
                              {"max_position_embeddings", c.max_position_embeddings}}) {
-    DP_CHECK(value > 0, source, ": ", name, " must be positive, got ", value);
+    check_config_size(source, name, value);
   }
-  DP_CHECK(c.num_hidden_layers >= 0, source, ": num_hidden_layers must be >= 0, got ", c.num_hidden_layers);
+  check_config_range(source, "num_hidden_layers", c.num_hidden_layers, 0, kMaxConfigLayers);
   DP_CHECK(c.hidden_size % c.num_attention_heads == 0, source, ": hidden_size ", c.hidden_size,
            " is not a multiple of num_attention_heads ", c.num_attention_heads);
   DP_CHECK(c.layer_norm_eps > 0, source, ": layer_norm_eps must be positive, got ", c.layer_norm_eps);
@@ -51,6 +53,25 @@ ClipTextConfig ClipTextConfig::clip_vit_l14() {
   c.eos_token_id = 2;
   c.pad_token_id = 1;
   return c;
+}
+
+ParameterShapes clip_text_parameter_shapes(const ClipTextConfig& c) {
+  const int64_t d = c.hidden_size;
+  ParameterShapes out;
+  add_parameter(out, "embeddings.token_embedding.weight", {c.vocab_size, d});
+  add_parameter(out, "embeddings.position_embedding.weight", {c.max_position_embeddings, d});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "encoder.layers." + std::to_string(i);
+    add_norm(out, p + ".layer_norm1", d);
+    for (const char* proj : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.out_proj"}) {
+      add_linear(out, p + proj, d, d);
+    }
+    add_norm(out, p + ".layer_norm2", d);
+    add_linear(out, p + ".mlp.fc1", d, c.intermediate_size);
+    add_linear(out, p + ".mlp.fc2", c.intermediate_size, d);
+  }
+  add_norm(out, "final_layer_norm", d);
+  return out;
 }
 
 }  // namespace dp::models

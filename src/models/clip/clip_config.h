@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "models/parameter_shapes.h"
+
 namespace dp::models {
 
 // config.json of a CLIPTextModel: every field the text model reads. Defaults are CLIPTextConfig's.
@@ -32,5 +34,13 @@ struct ClipTextConfig {
   // (bos 0, eos 2 legacy pooling, pad 1).
   static ClipTextConfig clip_vit_l14();
 };
+
+// The prefix of the older checkpoint layout (CLIPTextModel wrapping a CLIPTextTransformer, as FLUX.1-dev's
+// text_encoder is saved); transformers 5 saves without it. Both load: a checkpoint is prefixed when it holds
+// "text_model.embeddings.token_embedding.weight".
+inline constexpr const char* kClipTextLegacyPrefix = "text_model";
+
+// Every tensor CLIPTextModel reads, in registration order, as transformers 5 saves it (no prefix).
+ParameterShapes clip_text_parameter_shapes(const ClipTextConfig& config);
 
 }  // namespace dp::models

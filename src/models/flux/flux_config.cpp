@@ -4,10 +4,12 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/config_limits.h"
 
 namespace dp::models {
 
 FluxConfig FluxConfig::from_json(const nlohmann::json& doc, const std::string& source) {
+  require_json_object(doc, source);
   FluxConfig c;
   c.patch_size = json_get_or<int64_t>(doc, "patch_size", c.patch_size, source);
   c.in_channels = json_get_or<int64_t>(doc, "in_channels", c.in_channels, source);
@@ -21,25 +23,35 @@ FluxConfig FluxConfig::from_json(const nlohmann::json& doc, const std::string& s
   c.guidance_embeds = json_get_or<bool>(doc, "guidance_embeds", c.guidance_embeds, source);
   c.axes_dims_rope = json_get_or<std::vector<int64_t>>(doc, "axes_dims_rope", c.axes_dims_rope, source);
 
-  for (auto [name, value] : {std::pair<const char*, int64_t>{"patch_size", c.patch_size},
-                             {"in_channels", c.in_channels},
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"in_channels", c.in_channels},
                              {"attention_head_dim", c.attention_head_dim},
                              {"num_attention_heads", c.num_attention_heads},
                              {"joint_attention_dim", c.joint_attention_dim},
                              {"pooled_projection_dim", c.pooled_projection_dim}}) {
-    DP_CHECK(value > 0, source, ": ", name, " must be positive, got ", value);
+    check_config_size(source, name, value);
   }
-  DP_CHECK(c.out_channels >= 0, source, ": out_channels must be positive or null, got ", c.out_channels);
-  DP_CHECK(c.num_layers >= 0 && c.num_single_layers >= 0, source, ": num_layers and num_single_layers must be >= 0");
+  // diffusers reads out_channels 0 like null: "out_channels or in_channels".
+  check_config_range(source, "out_channels", c.out_channels, 0, kMaxConfigSize);
+  // proj_out is patch_size^2 x out_channels wide: bounded like any size, and computed without overflow.
+  check_config_range(source, "patch_size", c.patch_size, 1, 4096);
+  DP_CHECK(c.patch_size * c.patch_size * c.output_channels() <= kMaxConfigSize, source,
+           ": patch_size^2 x out_channels = ", c.patch_size, "^2 x ", c.output_channels(), " exceeds ", kMaxConfigSize);
+  check_config_range(source, "num_layers", c.num_layers, 0, kMaxConfigLayers);
+  check_config_range(source, "num_single_layers", c.num_single_layers, 0, kMaxConfigLayers);
+  // The packed width every block works in: kept within one size bound so that 4 x and 5 x it stay exact.
+  DP_CHECK(c.inner_dim() <= kMaxConfigSize, source, ": num_attention_heads x attention_head_dim = ",
+           c.num_attention_heads, " x ", c.attention_head_dim, " exceeds ", kMaxConfigSize);
   DP_CHECK(c.attention_head_dim % 2 == 0, source, ": attention_head_dim must be even for RoPE, got ",
            c.attention_head_dim);
-  int64_t rope_sum = 0;
-  for (int64_t d : c.axes_dims_rope) {
-    DP_CHECK(d > 0 && d % 2 == 0, source, ": every axes_dims_rope entry must be positive and even, got ", d);
-    rope_sum += d;
-  }
   DP_CHECK(c.axes_dims_rope.size() == 3, source, ": axes_dims_rope must have 3 entries (text/row/column ids), got ",
            c.axes_dims_rope.size());
+  int64_t rope_sum = 0;
+  for (std::size_t i = 0; i < c.axes_dims_rope.size(); ++i) {
+    const int64_t d = c.axes_dims_rope[i];
+    DP_CHECK(d > 0 && d % 2 == 0 && d <= c.attention_head_dim, source, ": axes_dims_rope[", i,
+             "] must be positive, even and at most attention_head_dim, got ", d);
+    rope_sum += d;
+  }
   DP_CHECK(rope_sum == c.attention_head_dim, source, ": axes_dims_rope sums to ", rope_sum,
            " but attention_head_dim is ", c.attention_head_dim);
   return c;
@@ -63,12 +75,6 @@ nlohmann::json FluxConfig::to_json() const {
 FluxConfig FluxConfig::flux_dev() { return FluxConfig{}; }
 
 namespace {
-
-void add_linear(std::vector<ParameterShape>& out, const std::string& name, int64_t in, int64_t out_features,
-                bool bias = true) {
-  out.push_back({name + ".weight", {out_features, in}});
-  if (bias) out.push_back({name + ".bias", {out_features}});
-}
 
 void add_timestep_embedding(std::vector<ParameterShape>& out, const std::string& name, int64_t dim) {
   add_linear(out, name + ".linear_1", 256, dim);

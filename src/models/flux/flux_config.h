@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "models/parameter_shapes.h"
+
 namespace dp::models {
 
 struct FluxConfig {
@@ -30,11 +32,6 @@ struct FluxConfig {
   static FluxConfig from_json(const nlohmann::json& config, const std::string& source);
   nlohmann::json to_json() const;  // as diffusers writes config.json
   static FluxConfig flux_dev();    // FLUX.1-dev's published architecture
-};
-
-struct ParameterShape {
-  std::string name;
-  std::vector<int64_t> shape;
 };
 
 // Every parameter of the model in diffusers' registration order (the order accelerate walks modules):

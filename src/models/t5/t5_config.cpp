@@ -2,11 +2,13 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/config_limits.h"
 #include "models/activation_names.h"
 
 namespace dp::models {
 
 T5Config T5Config::from_json(const nlohmann::json& doc, const std::string& source) {
+  require_json_object(doc, source);
   T5Config c;
   c.vocab_size = json_get_or<int64_t>(doc, "vocab_size", c.vocab_size, source);
   c.d_model = json_get_or<int64_t>(doc, "d_model", c.d_model, source);
@@ -40,15 +42,17 @@ T5Config T5Config::from_json(const nlohmann::json& doc, const std::string& sourc
                              {"d_model", c.d_model},
                              {"d_kv", c.d_kv},
                              {"d_ff", c.d_ff},
-                             {"num_heads", c.num_heads}}) {
-    DP_CHECK(value > 0, source, ": ", name, " must be positive, got ", value);
+                             {"num_heads", c.num_heads},
+                             {"relative_attention_max_distance", c.relative_attention_max_distance}}) {
+    check_config_size(source, name, value);
   }
-  DP_CHECK(c.num_layers >= 1, source, ": num_layers must be >= 1 (block 0 holds the position bias), got ",
-           c.num_layers);
+  // Block 0 holds the position bias every block uses.
+  check_config_range(source, "num_layers", c.num_layers, 1, kMaxConfigLayers);
+  DP_CHECK(c.inner_dim() <= kMaxConfigSize, source, ": num_heads x d_kv = ", c.num_heads, " x ", c.d_kv, " exceeds ",
+           kMaxConfigSize);
   // Bidirectional buckets: half per direction, half of those exact; the log-spaced rest needs
   // max_distance beyond the exact range.
-  DP_CHECK(c.relative_attention_num_buckets >= 4, source, ": relative_attention_num_buckets must be >= 4, got ",
-           c.relative_attention_num_buckets);
+  check_config_range(source, "relative_attention_num_buckets", c.relative_attention_num_buckets, 4, kMaxConfigSize);
   DP_CHECK(c.relative_attention_max_distance > c.relative_attention_num_buckets / 4, source,
            ": relative_attention_max_distance ", c.relative_attention_max_distance,
            " must exceed the exact-bucket range ", c.relative_attention_num_buckets / 4);
@@ -74,6 +78,35 @@ T5Config T5Config::t5_v1_1_xxl() {
   c.pad_token_id = 0;
   c.eos_token_id = 1;
   return c;
+}
+
+ParameterShapes t5_encoder_parameter_shapes(const T5Config& c) {
+  const int64_t d = c.d_model, inner = c.inner_dim();
+  ParameterShapes out;
+  add_parameter(out, "shared.weight", {c.vocab_size, d});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "encoder.block." + std::to_string(i) + ".layer";
+    for (const char* proj : {".0.SelfAttention.q", ".0.SelfAttention.k", ".0.SelfAttention.v"}) {
+      add_linear(out, p + proj, d, inner, false);
+    }
+    add_linear(out, p + ".0.SelfAttention.o", inner, d, false);
+    // Only block 0 owns the relative position bias; the others reuse it.
+    if (i == 0) {
+      add_parameter(out, p + ".0.SelfAttention.relative_attention_bias.weight",
+                    {c.relative_attention_num_buckets, c.num_heads});
+    }
+    add_parameter(out, p + ".0.layer_norm.weight", {d});
+    if (c.is_gated_act) {
+      add_linear(out, p + ".1.DenseReluDense.wi_0", d, c.d_ff, false);
+      add_linear(out, p + ".1.DenseReluDense.wi_1", d, c.d_ff, false);
+    } else {
+      add_linear(out, p + ".1.DenseReluDense.wi", d, c.d_ff, false);
+    }
+    add_linear(out, p + ".1.DenseReluDense.wo", c.d_ff, d, false);
+    add_parameter(out, p + ".1.layer_norm.weight", {d});
+  }
+  add_parameter(out, "encoder.final_layer_norm.weight", {d});
+  return out;
 }
 
 }  // namespace dp::models

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "models/parameter_shapes.h"
+
 namespace dp::models {
 
 // config.json of a T5 model: every field the encoder reads. Defaults are T5Config's.
@@ -33,5 +35,12 @@ struct T5Config {
   // google/t5-v1_1-xxl's encoder, FLUX.1-dev's text_encoder_2.
   static T5Config t5_v1_1_xxl();
 };
+
+// Every tensor T5EncoderModel reads, in registration order. The token embedding is listed once, as
+// "shared.weight", which save_pretrained keeps of the tied pair; a checkpoint holding only its other name
+// loads too (see kT5TiedEmbeddingKey).
+ParameterShapes t5_encoder_parameter_shapes(const T5Config& config);
+// The encoder's own name for the shared token embedding, read when "shared.weight" is absent.
+inline constexpr const char* kT5TiedEmbeddingKey = "encoder.embed_tokens.weight";
 
 }  // namespace dp::models

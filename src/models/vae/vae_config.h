@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "models/parameter_shapes.h"
+
 namespace dp::models {
 
 // config.json of an AutoencoderKL: every field the model and FluxPipeline read. Defaults are diffusers'.
@@ -36,5 +38,13 @@ struct VaeConfig {
   // FLUX.1-dev's (and schnell's) vae: 16 latent channels, four levels, no quant convolutions.
   static VaeConfig flux();
 };
+
+// The halves of the autoencoder a caller reads: FluxPipeline only decodes, and AutoencoderKL::load reads the
+// encoder (and quant_conv) only when asked to.
+enum class VaeParts { decoder, encoder_and_decoder };
+
+// Every tensor AutoencoderKL reads for `parts`, in registration order: the encoder, the decoder, then the
+// quant convolutions the config enables (quant_conv belongs to the encoder side, post_quant_conv to the decoder).
+ParameterShapes vae_parameter_shapes(const VaeConfig& config, VaeParts parts = VaeParts::encoder_and_decoder);
 
 }  // namespace dp::models
