@@ -3,6 +3,11 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/headeronly/version.h>
 
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -156,6 +161,25 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
   DP_INFO("rank ", world.rank(), ": wrote ", path);
 }
 
+// --max-memory holds at run time too: this rank's CUDA caching allocator may not grow past its GPU's entry, so
+// two ranks capped at 16 GB on one H200 behave like the seed's two 16 GB cards. An allocation past the cap fails
+// with LibTorch's out-of-memory error, which names the cap; run_guarded adds the rank.
+void cap_device_memory(const RuntimeOptions& options, const World& world, const at::Device& device) {
+  if (options.max_memory.empty() || !device.is_cuda()) return;
+  const auto caps = placement::read_max_memory_argument(options.max_memory);
+  const auto gpu = placement::Device::gpu(world.rank());
+  if (!caps.has(gpu)) return;
+#ifdef DIFFPIPE_HAVE_CUDA
+  const auto total = static_cast<double>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+  const double fraction = std::min(1.0, static_cast<double>(caps.at(gpu)) / total);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+  DP_INFO("rank ", world.rank(), ": CUDA allocator capped at ", caps.at(gpu) / 1e9, " GB (", std::fixed,
+          std::setprecision(3), fraction, " of ", total / 1e9, " GB)");
+#else
+  DP_FAIL("this build has no CUDA support");
+#endif
+}
+
 at::Device rank_device(const pipeline::GenerateRequest& request, const World& world) {
   if (!request.device.is_cuda()) return request.device;
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
@@ -181,6 +205,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
 
   const auto grid = pipeline::latent_grid(request.height, request.width);
   const at::Device device = rank_device(request, world);
+  cap_device_memory(options, world, device);
   const placement::RankStage* mine = layout.stage_of(world.rank());
   double load_seconds = 0;
   uint64_t load_bytes = 0;
