@@ -78,7 +78,8 @@ models::FluxInputs make_inputs(const ForwardOptions& o, const models::FluxConfig
     return {get("hidden_states"), get("encoder_hidden_states"), get("pooled_projections"), get("timestep"),
             get("img_ids"),       get("txt_ids"),               get("guidance")};
   }
-  const auto grid = pipeline::latent_grid(o.height, o.width);
+  // The transformer alone has no VAE, so the grid uses FluxPipeline's factor for a pipeline without one.
+  const auto grid = pipeline::latent_grid(o.height, o.width, pipeline::kVaeScaleFactorWithoutVae);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   models::FluxInputs in;
   in.hidden_states = at::randn({o.batch, grid.tokens(), config.in_channels}, gen);

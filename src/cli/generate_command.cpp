@@ -25,7 +25,7 @@ struct GenerateOptions {
   std::string model, prompts_file, report_json, out = "out.png", output_type = "png", dtype = "bf16", device = "cpu";
   std::vector<std::string> prompts;
   int num_images_per_prompt = 1, steps = 28, max_sequence_length = 512;
-  int64_t height = 1024, width = 1024;
+  int64_t height = 0, width = 0;  // 0: the model's default size
   double guidance = 3.5;
   uint64_t seed = 0;
   runtime::RuntimeOptions runtime;
@@ -109,7 +109,7 @@ void generate_on_this_rank(const GenerateOptions& o) {
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
-  const auto grid = pipeline::latent_grid(request.height, request.width);
+  const auto grid = flux.resolve_image_size(request);
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
           request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
           request.seed, ", ", o.dtype, " on ", o.device);
@@ -177,8 +177,10 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--prompt", o->prompts, "a prompt; repeat for several")->take_all();
   cmd->add_option("--prompts-file", o->prompts_file, "file with one prompt a line (blank lines skipped)");
   cmd->add_option("--num-images-per-prompt", o->num_images_per_prompt, "images per prompt")->capture_default_str();
-  cmd->add_option("--height", o->height, "image height, a multiple of 16")->capture_default_str();
-  cmd->add_option("--width", o->width, "image width, a multiple of 16")->capture_default_str();
+  cmd->add_option("--height", o->height,
+                  "image height in pixels (default: from the model, 128 x the VAE's scale factor: 1024 for FLUX.1); "
+                  "a multiple of 2 x that factor (16 for FLUX.1), else rounded down with a warning, as diffusers");
+  cmd->add_option("--width", o->width, "image width in pixels (default and rounding as --height)");
   cmd->add_option("--steps", o->steps, "denoising steps")->capture_default_str();
   cmd->add_option("--guidance", o->guidance, "guidance scale (used when the transformer has a guidance embedding)")
       ->capture_default_str();

@@ -188,7 +188,9 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--pipeline-device-map", o->request.pipeline_device_map,
                   "place whole components too; only \"balanced\" (as diffusers' pipeline-level device_map)");
   cmd->add_option("--components", o->components,
-                  "components for --pipeline-device-map, comma-separated (default: all with weights but the transformer)");
+                  "components for --pipeline-device-map, comma-separated (default: every component with weights,\n"
+                  "the transformer included, as FluxPipeline.from_pretrained(device_map=\"balanced\"); the guide's\n"
+                  "encoders-only step, transformer=None and vae=None, is text_encoder,text_encoder_2)");
   cmd->add_option("--max-memory", o->max_memory,
                   "per-device budgets: 0=16GB,1=16GB,cpu=64GB or FILE.json ({\"0\": \"16GB\"}). GB/MB/KB are powers\n"
                   "of 1000, GiB/MiB/KiB of 1024, plain integers are bytes. Devices left out get nothing.\n"

@@ -48,7 +48,9 @@ void GenerateRequest::validate() const {
   DP_CHECK(steps >= 1, "--steps must be at least 1, got ", steps);
   DP_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512,
            "--max-sequence-length must be in [1, 512] (FluxPipeline's cap), got ", max_sequence_length);
-  latent_grid(height, width);  // validates multiples of 16
+  // Rounding to the VAE's scale factor waits for the model folder (resolve_image_size); 0 means its default.
+  DP_CHECK(height >= 0, "--height must be positive (or left out for the model's default), got ", height);
+  DP_CHECK(width >= 0, "--width must be positive (or left out for the model's default), got ", width);
 }
 
 FluxPipeline::FluxPipeline(io::ModelFolder folder) : folder_(std::move(folder)) {}
@@ -58,6 +60,19 @@ void FluxPipeline::check_components(bool decode) const {
   models::throw_if_problems(models::check_flux_pipeline(folder_, decode), folder_.dir());
   DP_DEBUG("preflight: configs and weight headers of ", folder_.dir(), " checked in ", std::fixed,
            std::setprecision(1), seconds_since(started) * 1000, " ms");
+}
+
+int64_t FluxPipeline::vae_scale_factor() const {
+  if (!folder_.has("vae")) return kVaeScaleFactorWithoutVae;
+  const auto config_path = folder_.component("vae").path + "/config.json";
+  return models::VaeConfig::from_json(read_json_file(config_path), config_path).spatial_scale();
+}
+
+LatentGrid FluxPipeline::resolve_image_size(GenerateRequest& request) const {
+  const int64_t factor = vae_scale_factor();
+  if (request.height == 0) request.height = default_image_size(factor);
+  if (request.width == 0) request.width = default_image_size(factor);
+  return latent_grid(request.height, request.width, factor);
 }
 
 PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
@@ -154,6 +169,9 @@ at::Tensor FluxPipeline::decode(const GenerateRequest& request, const LatentGrid
   StageTimer timer("decode", request.device, &reports_);
   const auto vae = timer.loading(
       "VAE load", [&] { return models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device); });
+  DP_CHECK(vae.config().spatial_scale() == grid.vae_scale_factor, folder_.component("vae").path,
+           ": the VAE scales by ", vae.config().spatial_scale(), " but the latent grid was laid out for ",
+           grid.vae_scale_factor);
   const at::Tensor z = vae.unscale_latents(unpack_latents(latents, grid));
   const at::Tensor image = timer.timed("VAE decode", [&] { return vae.decode(z); });
   // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.

@@ -19,8 +19,10 @@ namespace dp::pipeline {
 struct GenerateRequest {
   std::vector<std::string> prompts;
   int num_images_per_prompt = 1;
-  int64_t height = 1024;
-  int64_t width = 1024;
+  // 0: the pipeline's default, default_sample_size x the VAE's scale factor (1024 for FLUX.1), which
+  // FluxPipeline::resolve_image_size fills in, as diffusers does for height=None (or 0).
+  int64_t height = 0;
+  int64_t width = 0;
   int steps = 28;
   double guidance = 3.5;
   uint64_t seed = 0;
@@ -68,6 +70,12 @@ class FluxPipeline {
   // only, and only when `decode`). Reads headers only, in milliseconds; throws naming every problem's file
   // and field or tensor (models::check_flux_pipeline), so a broken folder fails before minutes of work.
   void check_components(bool decode) const;
+  // FluxPipeline.vae_scale_factor: 2 ** (len(block_out_channels) - 1) from vae/config.json, or 8 when the
+  // folder has no VAE. Reads the config only, so latent-only runs learn it without loading the VAE.
+  int64_t vae_scale_factor() const;
+  // Fills in a height or width left at 0 with the default size and returns the latent grid; a size that
+  // is not a multiple of 2 x vae_scale_factor is rounded down with diffusers' warning.
+  LatentGrid resolve_image_size(GenerateRequest& request) const;
 
   PromptEmbeddings encode_prompts(const GenerateRequest& request);
   // randn in the run dtype from a CPU generator seeded with request.seed, then packed: (B * n, seq, 4C).

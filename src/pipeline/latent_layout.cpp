@@ -1,16 +1,30 @@
 #include "pipeline/latent_layout.h"
 
+#include <utility>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dp::pipeline {
 
-LatentGrid latent_grid(int64_t image_height, int64_t image_width) {
-  const int64_t multiple = kVaeScaleFactor * 2;
-  DP_CHECK(image_height > 0 && image_height % multiple == 0, "height must be a positive multiple of ", multiple,
-           ", got ", image_height);
-  DP_CHECK(image_width > 0 && image_width % multiple == 0, "width must be a positive multiple of ", multiple,
-           ", got ", image_width);
-  return {2 * (image_height / multiple), 2 * (image_width / multiple)};
+int64_t default_image_size(int64_t vae_scale_factor) {
+  DP_CHECK(vae_scale_factor >= 1, "vae_scale_factor must be at least 1, got ", vae_scale_factor);
+  return kDefaultSampleSize * vae_scale_factor;
+}
+
+LatentGrid latent_grid(int64_t image_height, int64_t image_width, int64_t vae_scale_factor) {
+  DP_CHECK(vae_scale_factor >= 1, "vae_scale_factor must be at least 1, got ", vae_scale_factor);
+  // The VAE downsamples by vae_scale_factor and packing takes 2x2 latent patches.
+  const int64_t multiple = vae_scale_factor * 2;
+  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"height", image_height}, {"width", image_width}})
+    DP_CHECK(size >= multiple, name, " must be at least ", multiple, " (2 x vae_scale_factor ", vae_scale_factor,
+             ": one 2x2 patch of latent pixels), got ", size);
+  const LatentGrid grid{2 * (image_height / multiple), 2 * (image_width / multiple), vae_scale_factor};
+  if (image_height % multiple != 0 || image_width % multiple != 0)
+    DP_WARN("height and width should be multiples of ", multiple, " (2 x vae_scale_factor ", vae_scale_factor,
+            ") but are ", image_height, " and ", image_width, "; rounded down to height ", grid.image_height(),
+            ", width ", grid.image_width(), ", as diffusers does");
+  return grid;
 }
 
 at::Tensor latent_image_ids(const LatentGrid& grid) {

@@ -17,6 +17,14 @@ int64_t component_bytes(const io::Component& component, const nlohmann::json& co
     const auto& info = weights.info(name);
     total += bytes_at_run_dtype(info.dtype, info.numel(), run_dtype);
   }
+  if (component.class_name == "T5EncoderModel" && weights.contains("shared.weight") &&
+      !weights.contains("encoder.embed_tokens.weight")) {
+    // diffusers sizes each component built empty (accelerate.init_empty_weights), and there the encoder's
+    // embedding is a second table rather than shared.weight: FluxPipeline.from_pretrained(device_map=
+    // "balanced") counts it twice, so the map follows only if we do too.
+    const auto& shared = weights.info("shared.weight");
+    total += bytes_at_run_dtype(shared.dtype, shared.numel(), run_dtype);
+  }
   if (component.class_name == "CLIPTextModel" || component.class_name == "CLIPTextModelWithProjection") {
     // embeddings.position_ids: int64 [1, max_position_embeddings], registered with persistent=False.
     const int64_t positions = json_get_or<int64_t>(config, "max_position_embeddings", 77, component.path + "/config.json");

@@ -18,8 +18,10 @@ struct ComponentSize {
   int64_t bytes = 0;
 };
 
-// A component's size once loaded at `run_dtype`, from its safetensors headers, plus the non-persistent
-// buffers its class registers (accelerate counts them; checkpoints do not hold them).
+// A component's size at `run_dtype` as diffusers' pipeline-level "balanced" counts it, from its safetensors
+// headers: plus the non-persistent buffers its class registers (accelerate counts them; checkpoints do not
+// hold them), plus T5's encoder embedding when the checkpoint ties it to shared.weight (diffusers sizes the
+// model built empty, where the two are separate tables).
 int64_t component_bytes(const io::Component& component, const nlohmann::json& config, io::DType run_dtype);
 
 struct ComponentPlacement {

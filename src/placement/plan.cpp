@@ -192,8 +192,10 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
              "': diffusers supports only \"balanced\" at the pipeline level");
     std::vector<std::string> names = request.pipeline_components;
     if (names.empty()) {
+      // FluxPipeline.from_pretrained(device_map="balanced") places every model of the folder, the
+      // transformer and the VAE included; tokenizers and the scheduler have no weights.
       for (const auto& c : folder.components())
-        if (c.has_weights && c.name != t.component.name) names.push_back(c.name);
+        if (c.has_weights) names.push_back(c.name);
     }
     std::vector<ComponentSize> sizes;
     for (const auto& name : names) {

@@ -1,7 +1,7 @@
 #pragma once
 // `diffpipe plan` as a library call: read a model folder's configs and safetensors headers (no weights),
-// place the transformer with the requested strategy and the other components with pipeline-level
-// "balanced", and report hf_device_map, per-device bytes, ranks and predicted stage times next to those of
+// place the transformer with the requested strategy and, when asked, whole components with pipeline-level
+// "balanced" (every component by default, as diffusers), and report hf_device_map, per-device bytes, ranks and predicted stage times next to those of
 // "balanced" and "pipeline".
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,7 +19,7 @@ struct PlanRequest {
   // auto | balanced | balanced_low_0 | sequential | pipeline | path of a JSON device map.
   std::string device_map = "auto";
   std::string pipeline_device_map;               // "" (none) or "balanced"
-  std::vector<std::string> pipeline_components;  // empty: every component with weights except the transformer
+  std::vector<std::string> pipeline_components;  // empty: every component with weights, as diffusers
   std::optional<MaxMemory> max_memory;           // absent: every GPU of the world at gpu_memory_bytes, plus cpu
   int world_size = 0;                            // 0: the GPUs max_memory names (or 1)
   io::DType dtype = io::DType::BF16;

@@ -13,6 +13,9 @@ Writes into --out:
   cases.json                 model-level cases: config, dtype, strategy, max_memory, expected hf_device_map
   pipeline_tiny/             a tiny FLUX pipeline folder saved with save_pretrained (real tiny weights)
   pipeline_cases.json        pipeline-level cases: max_memory, component sizes, diffusers' map
+  flux_dev_pipeline/         FLUX.1-dev's model_index.json and component configs (no weights)
+  flux_dev_pipeline_cases.json  FluxPipeline.from_pretrained(device_map="balanced") on that folder, every
+                             component by default: sizes per dtype and _get_final_device_map's own map
 """
 import argparse
 import copy
@@ -26,7 +29,10 @@ from accelerate import infer_auto_device_map
 from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_memory
 from diffusers import AutoencoderKL, FluxTransformer2DModel
 from diffusers.models.model_loading_utils import _determine_device_map
-from diffusers.pipelines.pipeline_loading_utils import _assign_components_to_devices
+from diffusers import FluxPipeline
+from diffusers import pipelines as diffusers_pipelines
+from diffusers.pipelines.pipeline_loading_utils import (ALL_IMPORTABLE_CLASSES, _assign_components_to_devices,
+                                                        _get_final_device_map, _load_empty_model)
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -153,6 +159,24 @@ def model_cases(out):
     print(f"[placement] {len(cases)} model-level cases")
 
 
+def diffusers_component_sizes(folder, index, dtype):
+    """Component sizes exactly as _get_final_device_map computes them: every model of model_index.json built
+    empty from its config by diffusers' own _load_empty_model, sized by compute_module_sizes at the run dtype.
+    (Built empty, T5's encoder.embed_tokens is a second table, not shared.weight.)"""
+    sizes = {}
+    for name, entry in index.items():
+        if name.startswith("_") or entry[0] is None:
+            continue
+        library, class_name = entry
+        module = _load_empty_model(library_name=library, class_name=class_name,
+                                   importable_classes=ALL_IMPORTABLE_CLASSES, pipelines=diffusers_pipelines,
+                                   is_pipeline_module=hasattr(diffusers_pipelines, library), name=name, dtype=dtype,
+                                   cached_folder=str(folder))
+        if isinstance(module, torch.nn.Module):
+            sizes[name] = compute_module_sizes(module, dtype=dtype)[""]
+    return sizes
+
+
 def tiny_pipeline(out):
     """A tiny FLUX pipeline with real (random, tiny) weights, and diffusers' pipeline-level 'balanced'."""
     folder = out / "pipeline_tiny"
@@ -180,8 +204,7 @@ def tiny_pipeline(out):
     index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
 
-    # Sizes as _get_final_device_map computes them: the module built empty, sized at the run dtype.
-    sizes = {name: compute_module_sizes(module, dtype=dtype)[""] for name, module in components.items()}
+    sizes = diffusers_component_sizes(folder, index, dtype)
     buffers = {name: [n for n, _ in module.named_buffers()] for name, module in components.items()}
     cases = []
     subsets = [["text_encoder", "text_encoder_2"], ["transformer", "text_encoder", "text_encoder_2", "vae"]]
@@ -212,6 +235,71 @@ def tiny_pipeline(out):
     print(f"[placement] {len(cases)} pipeline-level cases; component sizes {sizes}")
 
 
+# FLUX.1-dev's component configs (black-forest-labs/FLUX.1-dev, as `diffpipe make-random --pipeline` writes
+# them): the fields that decide sizes.
+FLUX_DEV_CLIP = dict(architectures=["CLIPTextModel"], model_type="clip_text_model", vocab_size=49408,
+                     hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                     max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, projection_dim=768,
+                     bos_token_id=0, eos_token_id=2, pad_token_id=1, torch_dtype="bfloat16")
+FLUX_DEV_T5 = dict(architectures=["T5EncoderModel"], model_type="t5", vocab_size=32128, d_model=4096, d_ff=10240,
+                   d_kv=64, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
+                   relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
+                   decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, torch_dtype="bfloat16",
+                   # One embedding table (shared.weight is encoder.embed_tokens.weight), as make-random writes
+                   # it; with false the pinned transformers sizes a second 32128 x 4096 table.
+                   tie_word_embeddings=True)
+FLUX_DEV_VAE = dict(_class_name="AutoencoderKL", in_channels=3, out_channels=3,
+                    down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+                    block_out_channels=[128, 256, 512, 512], layers_per_block=2, act_fn="silu", latent_channels=16,
+                    norm_num_groups=32, sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159,
+                    use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=True, force_upcast=True)
+
+
+def flux_dev_pipeline(out):
+    """Pipeline-level "balanced" for the full FLUX.1-dev folder with no component left out, as
+    FluxPipeline.from_pretrained(folder, device_map="balanced", max_memory=...) computes it: diffusers'
+    _get_final_device_map builds every component of model_index.json empty from its config and sizes the
+    nn.Modules among them (transformer and vae included, tokenizers and scheduler not)."""
+    folder = out / "flux_dev_pipeline"
+    index = {"_class_name": "FluxPipeline", "_diffusers_version": "0.42.1",
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
+             "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],
+             "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    configs = {"text_encoder": FLUX_DEV_CLIP, "text_encoder_2": FLUX_DEV_T5,
+               "transformer": dict(_class_name="FluxTransformer2DModel", **FLUX_DEV), "vae": FLUX_DEV_VAE}
+    for name, config in configs.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    init_dict = {k: v for k, v in index.items() if not k.startswith("_")}
+
+    settings = [
+        ("bfloat16", {0: "141GB", 1: "141GB"}),
+        ("bfloat16", {0: "16GB", 1: "16GB"}),  # the seed's budgets: the transformer does not fit
+        ("bfloat16", {0: "24GB", 1: "16GB", "cpu": "64GB"}),
+        ("bfloat16", {0: "141GB"}),
+        ("bfloat16", {0: "141GB", 1: "141GB", 2: "141GB", 3: "141GB"}),
+        ("bfloat16", {0: "10GB", 1: "10GB"}),
+        ("bfloat16", {0: "8GB", 1: "8GB"}),  # transformer and T5 both miss: diffusers' overwrite bug
+        ("bfloat16", {0: "9.6GB", 1: "9.6GB"}),  # T5 fits once loaded (9.52 GB), not as diffusers sizes it
+        ("bfloat16", {0: "12GB", 1: "30GB"}),  # GPU 1 has the larger budget, so it is visited first
+        ("float32", {0: "80GB", 1: "80GB"}),
+        ("float32", {0: "48GB", 1: "20GB", 2: "2GB"}),
+    ]
+    sizes, cases = {}, []
+    for dtype_name, max_memory in settings:
+        dtype = DTYPES[dtype_name]
+        final = _get_final_device_map("balanced", FluxPipeline, {}, dict(init_dict), None, copy.deepcopy(max_memory),
+                                      dtype=dtype, cached_folder=str(folder))
+        if dtype_name not in sizes:
+            sizes[dtype_name] = diffusers_component_sizes(folder, index, dtype)
+        cases.append({"dtype": dtype_name, "max_memory": {str(k): v for k, v in max_memory.items()},
+                      "diffusers_map": final})
+    (out / "flux_dev_pipeline_cases.json").write_text(json.dumps({"sizes": sizes, "cases": cases}, indent=1))
+    print(f"[placement] {len(cases)} FLUX.1-dev pipeline-level cases; component sizes {sizes}")
+
+
 def main():
     # accelerate warns that the GPUs named in max_memory are absent: the oracle plans without GPUs on purpose.
     logging.getLogger("accelerate.utils.modeling").setLevel(logging.ERROR)
@@ -222,6 +310,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     model_cases(out)
     tiny_pipeline(out)
+    flux_dev_pipeline(out)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ TEST(TinyPipeline, GeneratesANonConstantImage) {
   request.max_sequence_length = 32;
   request.dtype = at::kFloat;
   request.validate();
-  const auto grid = pipeline::latent_grid(request.height, request.width);
+  const auto grid = flux.resolve_image_size(request);
   const auto prompts = flux.encode_prompts(request);
   at::Tensor latents = flux.initial_latents(request, grid);
   latents = flux.denoise(request, grid, prompts, latents, {});

@@ -1,16 +1,21 @@
 // The whole FLUX pipeline against diffusers' FluxPipeline (tests/reference/cases_pipeline.py): the packed
-// latents and the 8-bit images, through the library and through `diffpipe generate`.
+// latents and the 8-bit images, through the library and through `diffpipe generate`, for VAEs of 4, 2 and 1
+// blocks (vae_scale_factor 8, 2, 1), sizes diffusers rounds down and its default size; and the latent layout
+// (grid, packing, position ids) on its own.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 
+#include "core/error.h"
 #include "core/json_file.h"
 #include "io/hdf5_latents.h"
 #include "io/png_image.h"
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
+#include "pipeline/latent_layout.h"
 #include "test_support.h"
 
 namespace dp::pipeline {
@@ -36,8 +41,9 @@ GenerateRequest request_for(const PipelineCase& c) {
   GenerateRequest r;
   r.prompts = c.spec["prompts"].get<std::vector<std::string>>();
   r.num_images_per_prompt = c.spec["num_images_per_prompt"].get<int>();
-  r.height = c.spec["height"].get<int64_t>();
-  r.width = c.spec["width"].get<int64_t>();
+  // null: the pipeline's default size, which resolve_image_size fills in.
+  r.height = c.spec["height"].is_null() ? 0 : c.spec["height"].get<int64_t>();
+  r.width = c.spec["width"].is_null() ? 0 : c.spec["width"].get<int64_t>();
   r.steps = c.spec["steps"].get<int>();
   r.guidance = c.spec["guidance_scale"].get<double>();
   r.seed = c.spec["seed"].get<uint64_t>();
@@ -53,12 +59,26 @@ double psnr(const at::Tensor& a, const at::Tensor& b) {
 
 class PipelineOracle : public ::testing::TestWithParam<std::string> {};
 
+// Every case of cases_pipeline.py: FLUX.1's four-block VAE, and the one- and two-block VAEs of diffusers'
+// own tiny pipelines, at multiples of 2 x vae_scale_factor, at sizes diffusers rounds down, and at the
+// default size.
+const auto kCases = ::testing::Values("dev_like", "schnell_like", "dev_rounded", "vae1_default", "vae1_rounded",
+                                      "vae2_like", "vae2_default", "vae2_rounded");
+
 TEST_P(PipelineOracle, LatentsAndImagesMatchDiffusers) {
   const PipelineCase c = load_case(GetParam());
-  const GenerateRequest request = request_for(c);
+  GenerateRequest request = request_for(c);
   FluxPipeline flux(io::ModelFolder::open(c.dir + "/pipe"));
   flux.check_components(true);
-  const auto grid = latent_grid(request.height, request.width);
+  EXPECT_EQ(flux.vae_scale_factor(), c.spec["vae_scale_factor"].get<int64_t>());
+  const auto grid = flux.resolve_image_size(request);
+  // The decoded size is diffusers' (rounded down where it warned), and defaults are filled in.
+  EXPECT_EQ(grid.image_height(), c.images.size(1));
+  EXPECT_EQ(grid.image_width(), c.images.size(2));
+  EXPECT_EQ(grid.image_height() != request.height || grid.image_width() != request.width,
+            c.spec["size_warned"].get<bool>());
+  if (c.spec["height"].is_null())
+    EXPECT_EQ(request.height, kDefaultSampleSize * c.spec["vae_scale_factor"].get<int64_t>());
   const auto prompts = flux.encode_prompts(request);
   at::Tensor latents = flux.initial_latents(request, grid);
   int steps_seen = 0;
@@ -83,7 +103,7 @@ TEST_P(PipelineOracle, LatentsAndImagesMatchDiffusers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracle, ::testing::Values("dev_like", "schnell_like"));
+INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracle, kCases);
 
 // The whole pipeline on the GPU in fp32 against the same CPU oracle. Every stage starts its timer before
 // its first CUDA allocation, so this also covers the peak-memory counters on a fresh device.
@@ -97,7 +117,7 @@ TEST_P(PipelineOracleCuda, Fp32LatentsAndImagesMatchDiffusersCpu) {
   GenerateRequest request = request_for(c);
   request.device = at::Device(at::kCUDA);
   FluxPipeline flux(io::ModelFolder::open(c.dir + "/pipe"));
-  const auto grid = latent_grid(request.height, request.width);
+  const auto grid = flux.resolve_image_size(request);
   const auto prompts = flux.encode_prompts(request);
   const at::Tensor latents = flux.denoise(request, grid, prompts, flux.initial_latents(request, grid), {});
   const at::Tensor cpu_latents = latents.cpu();
@@ -113,14 +133,14 @@ TEST_P(PipelineOracleCuda, Fp32LatentsAndImagesMatchDiffusersCpu) {
   for (const auto& stage : flux.reports()) EXPECT_GT(stage.peak_device_bytes, 0u) << stage.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracleCuda, ::testing::Values("dev_like", "schnell_like"));
+INSTANTIATE_TEST_SUITE_P(Oracle, PipelineOracleCuda, kCases);
 
 std::string generate_flags(const PipelineCase& c) {
   std::string flags = " --model " + c.dir + "/pipe --dtype fp32";
   for (const auto& p : c.spec["prompts"]) flags += " --prompt '" + p.get<std::string>() + "'";
   flags += " --num-images-per-prompt " + std::to_string(c.spec["num_images_per_prompt"].get<int>());
-  flags += " --height " + std::to_string(c.spec["height"].get<int>());
-  flags += " --width " + std::to_string(c.spec["width"].get<int>());
+  if (!c.spec["height"].is_null()) flags += " --height " + std::to_string(c.spec["height"].get<int>());
+  if (!c.spec["width"].is_null()) flags += " --width " + std::to_string(c.spec["width"].get<int>());
   flags += " --steps " + std::to_string(c.spec["steps"].get<int>());
   flags += " --guidance " + std::to_string(c.spec["guidance_scale"].get<double>());
   flags += " --seed " + std::to_string(c.spec["seed"].get<int>());
@@ -135,6 +155,7 @@ TEST(GenerateCommand, WritesPngsInDiffusersOrderAndLatentsToHdf5) {
                                          out + "/img.png");
   ASSERT_EQ(png.exit_code, 0) << png.output;
   EXPECT_NE(png.output.find("timing summary"), std::string::npos) << png.output;
+  EXPECT_EQ(png.output.find("rounded down"), std::string::npos) << "64x96 needs no rounding\n" << png.output;
   EXPECT_NE(png.output.find("step 4/4"), std::string::npos) << png.output;
   for (int64_t i = 0; i < c.images.size(0); ++i) {
     int w = 0, h = 0;
@@ -166,7 +187,10 @@ TEST(GenerateCommand, BadInputsFailClearly) {
   };
   const std::string small = " --height 32 --width 32";
   const std::string base = "--model " + c.dir + "/pipe --prompt cat --steps 1 --out " + tmp + "/x.png";
-  expect_failure(base + " --height 100 --width 32", "multiple of 16, got 100");
+  // diffusers rounds a size that is not a multiple of 16 down (GenerateCommand.RoundsSizesDown...), but a
+  // size under 16 leaves no latent patch at all.
+  expect_failure(base + " --height 8 --width 32", "height must be at least 16 (2 x vae_scale_factor 8");
+  expect_failure(base + " --height 32 --width -16", "--width must be positive");
   expect_failure(base + small + " --dtype fp8", "--dtype 'fp8' is not a run dtype");
   dp::test::write_file(tmp + "/empty.txt", "\n  \n");
   expect_failure("--model " + c.dir + "/pipe --prompts-file " + tmp + "/empty.txt", "has no prompt");
@@ -182,6 +206,137 @@ TEST(GenerateCommand, BadInputsFailClearly) {
   for (const char* file : {"vocab.json", "merges.txt", "tokenizer.json"}) std::filesystem::remove(broken + "/tokenizer/" + file);
   expect_failure("--model " + broken + " --prompt cat --steps 1 --out " + tmp + "/z.png" + small, "tokenizer");
   expect_failure("--model " + tmp + "/nowhere --prompt cat", "does not exist");
+}
+
+// The default size comes from the folder's VAE: 128 x 1 for a one-block VAE, without --height/--width.
+TEST(GenerateCommand, DefaultSizeComesFromTheModelsVae) {
+  const PipelineCase c = load_case("vae1_default");
+  ASSERT_TRUE(c.spec["height"].is_null() && c.spec["width"].is_null());
+  const auto out = dp::test::temp_dir("generate-default-size");
+  const auto result = dp::test::run_command(dp::test::diffpipe_binary() + " generate" + generate_flags(c) +
+                                            " --output-type latent --out " + out + "/latents.h5");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("128x128"), std::string::npos) << result.output;
+  const auto file = io::read_latents_hdf5(out + "/latents.h5");
+  ASSERT_EQ(file.shape, c.latents.sizes().vec());
+  const at::Tensor values = at::from_blob(const_cast<float*>(file.values.data()), c.latents.sizes(), at::kFloat);
+  EXPECT_LE((values - c.latents).abs().max().item<double>() / c.latents.abs().max().item<double>(), 1e-4);
+  EXPECT_EQ(file.numeric_attributes.at("height"), 128);
+  EXPECT_EQ(file.numeric_attributes.at("width"), 128);
+
+  const auto help = dp::test::run_command(dp::test::diffpipe_binary() + " generate --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("default: from the model"), std::string::npos) << help.output;
+  EXPECT_EQ(help.output.find("=1024"), std::string::npos) << "no fixed default size\n" << help.output;
+}
+
+// 72x40 with FLUX.1's factor 8: diffusers warns and decodes 64x32; so do we, with exit status 0.
+TEST(GenerateCommand, RoundsSizesDownWithDiffusersWarning) {
+  const PipelineCase c = load_case("dev_rounded");
+  ASSERT_TRUE(c.spec["size_warned"].get<bool>());
+  const auto out = dp::test::temp_dir("generate-rounded");
+  const auto result = dp::test::run_command(dp::test::diffpipe_binary() + " generate" + generate_flags(c) + " --out " +
+                                            out + "/img.png");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("multiples of 16 (2 x vae_scale_factor 8) but are 72 and 40; rounded down to "
+                               "height 64, width 32"),
+            std::string::npos)
+      << result.output;
+  int w = 0, h = 0;
+  const auto pixels = io::read_png_rgb(out + "/img.png", &w, &h);
+  ASSERT_EQ(h, c.images.size(1));
+  ASSERT_EQ(w, c.images.size(2));
+  const at::Tensor image = at::from_blob(const_cast<uint8_t*>(pixels.data()), {h, w, 3}, at::kByte);
+  EXPECT_GE(psnr(image, c.images[0]), 40.0);
+}
+
+TEST(LatentLayout, GridFollowsTheVaeScaleFactorAndRoundsDownAsDiffusers) {
+  struct Expected {
+    int64_t height, width, factor, latent_height, latent_width;
+  };
+  // prepare_latents: 2 * (H // (2 * factor)).
+  for (const auto& e : std::vector<Expected>{{1024, 1024, 8, 128, 128}, {64, 96, 8, 8, 12},  {72, 40, 8, 8, 4},
+                                             {40, 72, 2, 20, 36},       {30, 58, 2, 14, 28}, {37, 50, 1, 36, 50},
+                                             {2, 2, 1, 2, 2},           {48, 64, 4, 12, 16}}) {
+    SCOPED_TRACE(std::to_string(e.height) + "x" + std::to_string(e.width) + " factor " + std::to_string(e.factor));
+    const LatentGrid grid = latent_grid(e.height, e.width, e.factor);
+    EXPECT_EQ(grid.height, e.latent_height);
+    EXPECT_EQ(grid.width, e.latent_width);
+    EXPECT_EQ(grid.vae_scale_factor, e.factor);
+    EXPECT_EQ(grid.tokens(), (e.latent_height / 2) * (e.latent_width / 2));
+    EXPECT_EQ(grid.image_height(), e.height / (2 * e.factor) * 2 * e.factor);
+    EXPECT_EQ(grid.image_width(), e.width / (2 * e.factor) * 2 * e.factor);
+  }
+  EXPECT_EQ(default_image_size(8), 1024);
+  EXPECT_EQ(default_image_size(2), 256);
+  EXPECT_EQ(default_image_size(1), 128);
+  auto expect_error = [](const std::function<void()>& call, const std::string& message) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an error containing: " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  expect_error([] { latent_grid(8, 64, 8); }, "height must be at least 16 (2 x vae_scale_factor 8");
+  expect_error([] { latent_grid(64, 3, 2); }, "width must be at least 4 (2 x vae_scale_factor 2");
+  expect_error([] { latent_grid(0, 64, 1); }, "height must be at least 2");
+  expect_error([] { latent_grid(64, 64, 0); }, "vae_scale_factor must be at least 1");
+}
+
+TEST(LatentLayout, PackingAndIdsMatchFluxPipelineOnAnOddGrid) {
+  // A 6x10 latent grid (factor 1, 6x10 image): 3x5 tokens of 2x2 patches.
+  const LatentGrid grid = latent_grid(6, 10, 1);
+  const at::Tensor latents = at::arange(2 * 3 * 6 * 10, at::kFloat).reshape({2, 3, 6, 10});
+  const at::Tensor packed = pack_latents(latents);
+  ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{2, 15, 12}));
+  // Token (row 1, column 2), channel 1, patch offset (1, 0): latents[b, 1, 2 * 1 + 1, 2 * 2 + 0].
+  EXPECT_EQ(packed[1][1 * 5 + 2][1 * 4 + 1 * 2 + 0].item<float>(), latents[1][1][3][4].item<float>());
+  EXPECT_TRUE(at::equal(unpack_latents(packed, grid), latents));
+  const at::Tensor ids = latent_image_ids(grid);
+  ASSERT_EQ(ids.sizes(), (std::vector<int64_t>{15, 3}));
+  EXPECT_EQ(ids[7][0].item<float>(), 0);
+  EXPECT_EQ(ids[7][1].item<float>(), 1);  // token 7 = row 1, column 2
+  EXPECT_EQ(ids[7][2].item<float>(), 2);
+}
+
+// Without a VAE in model_index.json, FluxPipeline uses 8; a listed VAE without config.json is an error
+// that names the file, found before any work.
+TEST(LatentLayout, VaeScaleFactorComesFromTheFolder) {
+  const auto dir = dp::test::temp_dir("vae-scale-factor");
+  std::filesystem::create_directories(dir + "/transformer");
+  dp::test::write_file(dir + "/transformer/config.json", "{}");
+  dp::test::write_file(dir + "/model_index.json",
+                       R"({"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": [null, null]})");
+  FluxPipeline without_vae(io::ModelFolder::open(dir));
+  EXPECT_EQ(without_vae.vae_scale_factor(), 8);
+  GenerateRequest request;
+  EXPECT_EQ(without_vae.resolve_image_size(request).height, 128);
+  EXPECT_EQ(request.height, 1024);
+  EXPECT_EQ(request.width, 1024);
+
+  std::filesystem::create_directories(dir + "/vae");
+  dp::test::write_file(dir + "/model_index.json",
+                       R"({"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]})");
+  FluxPipeline no_config(io::ModelFolder::open(dir));
+  try {
+    no_config.vae_scale_factor();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vae/config.json"), std::string::npos) << e.what();
+  }
+  dp::test::write_file(dir + "/vae/config.json",
+                       R"({"block_out_channels": [8, 16, 16], "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"],
+                           "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"], "norm_num_groups": 4})");
+  FluxPipeline three_blocks(io::ModelFolder::open(dir));
+  EXPECT_EQ(three_blocks.vae_scale_factor(), 4);
+  GenerateRequest sized;
+  sized.width = 100;
+  const LatentGrid grid = three_blocks.resolve_image_size(sized);
+  EXPECT_EQ(sized.height, 512);
+  EXPECT_EQ(sized.width, 100);
+  EXPECT_EQ(grid.height, 128);
+  EXPECT_EQ(grid.width, 24);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Device maps against the oracle (tests/reference/cases_placement.py): for FLUX.1-dev at full size and for
 // tiny configs, every strategy and max_memory setting gives exactly accelerate's hf_device_map, the module
 // tree matches diffusers' named_modules, pipeline-level "balanced" matches diffusers (without its overwrite
-// bug), and the time-balanced "pipeline" strategy beats "balanced" on stage-time imbalance.
+// bug), by default over every component as FluxPipeline.from_pretrained(device_map="balanced") on the full
+// FLUX.1-dev folder, and the time-balanced "pipeline" strategy beats "balanced" on stage-time imbalance.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -76,6 +77,29 @@ std::string describe(const std::set<std::pair<std::string, std::string>>& pairs)
   std::string out;
   for (const auto& [k, v] : pairs) out += k + ":" + v + " ";
   return out;
+}
+
+// "0=16GB,1=16GB" from an oracle case's max_memory object.
+std::string max_memory_flag(const nlohmann::json& max_memory) {
+  std::string spec;
+  for (const auto& item : max_memory.items())
+    spec += (spec.empty() ? "" : ",") + item.key() + "=" +
+            (item.value().is_string() ? item.value().get<std::string>() : std::to_string(item.value().get<int64_t>()));
+  return spec;
+}
+
+// diffusers' map with its overwrite bug undone: every component that missed its GPU belongs on cpu, while
+// diffusers keeps only the last one of them.
+std::set<std::pair<std::string, std::string>> expected_components(const nlohmann::json& diffusers_map,
+                                                                   const std::vector<std::string>& components,
+                                                                   bool* bug_undone = nullptr) {
+  auto want = as_pairs(diffusers_map);
+  for (const auto& name : components)
+    if (!diffusers_map.contains(name)) {
+      want.emplace(name, "cpu");
+      if (bug_undone != nullptr) *bug_undone = true;
+    }
+  return want;
 }
 
 TEST(PlacementOracle, ModuleTreeAndParameterOrderMatchDiffusers) {
@@ -169,35 +193,86 @@ TEST(PlacementOracle, PipelineLevelBalancedMatchesDiffusersWithoutTheOverwriteBu
     sizes[item.key()] = component_bytes(component, folder.config(item.key()), io::DType::BF16);
     EXPECT_EQ(sizes[item.key()], item.value().get<int64_t>()) << item.key() << ": size from headers";
   }
-  int bug_cases = 0;
+  int bug_cases = 0, default_cases = 0;
   for (const auto& c : oracle["cases"]) {
     SCOPED_TRACE(c.dump());
     std::vector<ComponentSize> components;
     for (const auto& name : c["components"]) components.push_back({name, sizes[name]});
     const auto placed = place_components_balanced(components, MaxMemory::from_json(c["max_memory"], "case"));
-    auto want = as_pairs(c["diffusers_map"]);
-    if (c["diffusers_map"].size() < components.size()) {
-      // diffusers keeps only the last component that missed; every one of them belongs on cpu.
-      ++bug_cases;
-      for (const auto& comp : components)
-        if (!c["diffusers_map"].contains(comp.name)) want.emplace(comp.name, "cpu");
-    }
+    bool bug_undone = false;
+    const auto want = expected_components(c["diffusers_map"], c["components"], &bug_undone);
+    bug_cases += bug_undone ? 1 : 0;
     EXPECT_EQ(as_pairs(placed.device_map), want);
 
-    // The CLI gives the same map.
-    std::string spec;
-    for (const auto& item : c["max_memory"].items())
-      spec += (spec.empty() ? "" : ",") + item.key() + "=" +
-              (item.value().is_string() ? item.value().get<std::string>() : std::to_string(item.value().get<int64_t>()));
+    // The CLI gives the same map; when the case places every component, also without --components.
     std::string names;
     for (const auto& name : c["components"]) names += (names.empty() ? "" : ",") + name.get<std::string>();
-    const auto result = dp::test::run_command(dp::test::diffpipe_binary() + " plan --json --model " + model +
-                                              " --pipeline-device-map balanced --components " + names +
-                                              " --max-memory " + spec + " 2>/dev/null");
+    const std::string command = dp::test::diffpipe_binary() + " plan --json --model " + model +
+                                " --pipeline-device-map balanced --max-memory " + max_memory_flag(c["max_memory"]);
+    auto result = dp::test::run_command(command + " --components " + names + " 2>/dev/null");
     ASSERT_EQ(result.exit_code, 0) << result.output;
     EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]), want);
+    if (c["components"].size() == oracle["sizes"].size()) {
+      result = dp::test::run_command(command + " 2>/dev/null");
+      ASSERT_EQ(result.exit_code, 0) << result.output;
+      EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]), want) << "by default";
+      ++default_cases;
+    }
   }
   EXPECT_GE(bug_cases, 1) << "no case exercises diffusers' overwrite bug";
+  EXPECT_GE(default_cases, 1) << "no case places every component";
+}
+
+// `plan --pipeline-device-map balanced` on the full FLUX.1-dev folder (make-random's, headers only) without
+// --components: every component, transformer included, exactly where FluxPipeline.from_pretrained(folder,
+// device_map="balanced", max_memory=...) puts it (diffusers' own _get_final_device_map in the oracle).
+TEST(PlacementOracle, PipelineBalancedPlacesEveryComponentOfFluxDevByDefaultAsDiffusers) {
+  const auto oracle = oracle_json("flux_dev_pipeline_cases.json");
+  const std::string model = dp::test::temp_dir("placement-flux-dev-pipeline") + "/FLUX.1-dev";
+  const std::string bin = dp::test::diffpipe_binary();
+  auto result = dp::test::run_command(bin + " make-random --pipeline --sparse --arch flux-dev --out " + model +
+                                      " 2>&1");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+
+  // Sizes from the headers are the ones diffusers computes from the configs, per run dtype.
+  const auto folder = io::ModelFolder::open(model);
+  std::vector<std::string> every_component;
+  for (const auto& [dtype, sizes] : oracle["sizes"].items()) {
+    every_component.clear();
+    for (const auto& [name, bytes] : sizes.items()) {
+      EXPECT_EQ(component_bytes(folder.component(name), folder.config(name), io::parse_run_dtype(dtype)),
+                bytes.get<int64_t>())
+          << name << " at " << dtype;
+      every_component.push_back(name);
+    }
+  }
+  ASSERT_EQ(every_component.size(), 4u) << "transformer, vae and the two text encoders";
+
+  int bug_cases = 0, transformer_on_gpu = 0;
+  for (const auto& c : oracle["cases"]) {
+    const std::string command = bin + " plan --json --model " + model + " --pipeline-device-map balanced --dtype " +
+                                c["dtype"].get<std::string>() + " --max-memory " + max_memory_flag(c["max_memory"]);
+    SCOPED_TRACE(command);
+    result = dp::test::run_command(command + " 2>/dev/null");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    bool bug_undone = false;
+    const auto want = expected_components(c["diffusers_map"], every_component, &bug_undone);
+    const auto got = as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]);
+    EXPECT_EQ(got, want) << "\n got: " << describe(got) << "\nwant: " << describe(want);
+    bug_cases += bug_undone ? 1 : 0;
+    transformer_on_gpu += c["diffusers_map"].value("transformer", nlohmann::json("cpu")).is_number() ? 1 : 0;
+  }
+  EXPECT_GE(bug_cases, 1) << "no case exercises diffusers' overwrite bug";
+  EXPECT_GE(transformer_on_gpu, 5) << "the transformer should be placed on a GPU in most cases";
+
+  // The seed guide's encoders-only step (transformer=None, vae=None) names its components.
+  result = dp::test::run_command(bin + " plan --json --model " + model +
+                                 " --pipeline-device-map balanced --components text_encoder,text_encoder_2 "
+                                 "--max-memory " + dp::test::source_dir() +
+                                 "/configs/device_maps/seed_max_memory_16GB_x2.json 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]),
+            (std::set<std::pair<std::string, std::string>>{{"text_encoder_2", "0"}, {"text_encoder", "1"}}));
 }
 
 TEST(PlacementOracle, FluxDevAutoOnTwoLargeGpusMatchesTheHandComputedSplit) {
