@@ -151,7 +151,7 @@ void generate_on_this_rank(const GenerateOptions& o) {
       written.push_back(o.out);
     };
   }
-  runtime::distributed_generate(flux, request, o.runtime, outputs);
+  runtime::distributed_generate(flux, request, grid, o.runtime, outputs);
   if (!runtime::World::get().is_coordinator()) return;  // rank 0 reports and writes
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -73,15 +73,16 @@ struct Plan {
 };
 
 Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                      const RuntimeOptions& options, int world_size) {
+                      const pipeline::LatentGrid& grid, const RuntimeOptions& options, int world_size) {
   placement::PlanRequest plan_request;
   plan_request.model_dir = flux.folder().dir();
   plan_request.device_map = options.device_map.empty() ? "pipeline" : options.device_map;
   if (!options.max_memory.empty()) plan_request.max_memory = placement::read_max_memory_argument(options.max_memory);
   plan_request.world_size = world_size;
   plan_request.dtype = io::to_safetensors_dtype(request.dtype);
-  plan_request.timing.height = request.height;
-  plan_request.timing.width = request.width;
+  // The size the run computes (rounded as diffusers rounds it), in FLUX.1's 16-pixel units for the timing model.
+  plan_request.timing.height = grid.height / 2 * 16;
+  plan_request.timing.width = grid.width / 2 * 16;
   plan_request.timing.batch = options.microbatch_size;
   plan_request.timing.text_tokens = request.max_sequence_length;
   const auto plan = placement::make_plan(plan_request);
@@ -185,8 +186,9 @@ at::Device rank_device(const pipeline::GenerateRequest& request, const World& wo
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
 }
 
-void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const RuntimeOptions& options,
-               const Outputs& outputs, World& world, std::unique_ptr<Transport>& transport) {
+void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
+               const RuntimeOptions& options, const Outputs& outputs, World& world,
+               std::unique_ptr<Transport>& transport) {
   c10::InferenceMode guard;
   if (world.is_coordinator())
     DP_INFO("runtime: ", world.size(), " rank(s); ", world.uses_mpi() ? world.mpi_version() : "no MPI launcher",
@@ -197,13 +199,12 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   const std::string transformer_dir = flux.folder().component("transformer").path;
   world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir),
               options.transport_timeout_seconds);
-  const Plan plan = plan_transformer(flux, request, options, world.size());
+  const Plan plan = plan_transformer(flux, request, grid, options, world.size());
   world.agree("plan (device map and block ranges)", plan.digest, options.transport_timeout_seconds);
   const RingLayout layout(plan.stages, world.size());
   if (world.is_coordinator()) DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
   if (world.uses_mpi()) transport = std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
 
-  const auto grid = pipeline::latent_grid(request.height, request.width);
   const at::Device device = rank_device(request, world);
   cap_device_memory(options, world, device);
   const placement::RankStage* mine = layout.stage_of(world.rank());
@@ -291,9 +292,9 @@ std::string model_fingerprint(const std::string& transformer_dir) {
 }
 
 void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                          const RuntimeOptions& options, const Outputs& outputs) {
+                          const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs) {
   std::unique_ptr<Transport> transport;
-  run_ranks(flux, request, options, outputs, World::get(), transport);
+  run_ranks(flux, request, grid, options, outputs, World::get(), transport);
 }
 
 }  // namespace dp::runtime

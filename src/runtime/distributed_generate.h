@@ -31,8 +31,9 @@ struct Outputs {
 
 // Runs the whole request on this rank (World::init first; run it inside World::run_guarded so that a failure
 // on any rank ends the job everywhere). Only the coordinator calls `outputs`.
+// `grid` is the request's latent grid (FluxPipeline::resolve_image_size).
 void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                          const RuntimeOptions& options, const Outputs& outputs);
+                          const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs);
 
 // Identifies this build for the ranks' agreement check: version, git revision, compile time.
 std::string build_id();
