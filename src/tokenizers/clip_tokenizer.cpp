@@ -190,8 +190,8 @@ void ClipTokenizer::load_config(const std::string& folder) {
     const nlohmann::json* decoder = files::member(config, "added_tokens_decoder");
     if (!added_tokens_.empty()) {
       // Already read from tokenizer.json's added_tokens.
-    } else if (decoder != nullptr && decoder->is_object()) {
-      for (const auto& [id, token] : decoder->items()) {
+    } else if (decoder != nullptr) {
+      for (const auto& [id, token] : files::as_object(*decoder, config_path, "added_tokens_decoder").items()) {
         const std::string field = "added_tokens_decoder[" + files::quoted(id) + "]";
         added_tokens_.push_back({files::token_content(token, config_path, field),
                                  files::parse_integer(id, 0, vocab_size() - 1, config_path, field),

@@ -1,5 +1,7 @@
 #include "tokenizers/precompiled_charsmap.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "tokenizers/unicode.h"
 
@@ -65,10 +67,13 @@ uint64_t read_varint(const std::string& bytes, size_t& pos, const std::string& s
   DP_FAIL(source, ": protobuf varint longer than 10 bytes at byte ", pos);
 }
 
-// The payloads of every length-delimited field numbered `field` in `message`, in file order.
+// The payloads of every length-delimited field numbered `field` at the top level of `message`, in file order.
+// Fields inside groups (deprecated, but protobuf still parses them) are skipped, as unknown fields are.
 std::vector<std::string> length_delimited_fields(const std::string& message, uint64_t field,
                                                  const std::string& source) {
+  constexpr size_t kMaxGroupDepth = 100;  // protobuf's own recursion limit
   std::vector<std::string> found;
+  std::vector<uint64_t> open_groups;
   size_t pos = 0;
   while (pos < message.size()) {
     const size_t key_at = pos;
@@ -87,12 +92,22 @@ std::vector<std::string> length_delimited_fields(const std::string& message, uin
       // Compared against what is left, so a huge length cannot wrap the position around.
       DP_CHECK(length <= message.size() - pos, source, ": protobuf field ", number, " at byte ", key_at, " claims ",
                length, " bytes but ", message.size() - pos, " remain");
-      if (number == field) found.push_back(message.substr(pos, static_cast<size_t>(length)));
+      if (number == field && open_groups.empty()) found.push_back(message.substr(pos, static_cast<size_t>(length)));
       pos += static_cast<size_t>(length);
+    } else if (wire_type == 3) {
+      DP_CHECK(open_groups.size() < kMaxGroupDepth, source, ": protobuf groups nested deeper than ", kMaxGroupDepth,
+               " at byte ", key_at);
+      open_groups.push_back(number);
+    } else if (wire_type == 4) {
+      DP_CHECK(!open_groups.empty() && open_groups.back() == number, source, ": protobuf group end for field ",
+               number, " at byte ", key_at, " matches no group start");
+      open_groups.pop_back();
     } else {
-      DP_FAIL(source, ": unsupported protobuf wire type ", wire_type, " for field ", number, " at byte ", key_at);
+      DP_FAIL(source, ": invalid protobuf wire type ", wire_type, " for field ", number, " at byte ", key_at);
     }
   }
+  DP_CHECK(open_groups.empty(), source, ": protobuf group for field ", open_groups.empty() ? 0 : open_groups.back(),
+           " is not closed");
   return found;
 }
 
@@ -117,6 +132,11 @@ PrecompiledCharsmap PrecompiledCharsmap::from_blob(const std::string& blob, cons
   // so checking those for every unit covers whatever a lookup can reach, from the root or not. Value units
   // (bit 31) never match a byte, and their low bits are the value, so their "leaf flag" means nothing.
   const size_t units = charsmap.units_.size();
+  std::vector<size_t> nuls;  // where each replacement string ends
+  for (size_t i = 0; i < charsmap.replacements_.size(); ++i) {
+    if (charsmap.replacements_[i] == '\0') nuls.push_back(i);
+  }
+  std::vector<bool> string_checked(nuls.size(), false);
   for (size_t index = 0; index < units; ++index) {
     const uint32_t unit = charsmap.units_[index];
     if (is_value_unit(unit) || !has_leaf(unit)) continue;
@@ -127,11 +147,21 @@ PrecompiledCharsmap PrecompiledCharsmap::from_blob(const std::string& blob, cons
     DP_CHECK(start < charsmap.replacements_.size(), source, ": precompiled charsmap unit ", value_index,
              " points at replacement offset ", start, " past the ", charsmap.replacements_.size(),
              " bytes of replacements");
-    const size_t end = charsmap.replacements_.find('\0', start);
-    DP_CHECK(end != std::string::npos, source, ": precompiled charsmap replacement at offset ", start,
+    const auto nul = std::lower_bound(nuls.begin(), nuls.end(), start);
+    DP_CHECK(nul != nuls.end(), source, ": precompiled charsmap replacement at offset ", start,
              " is not NUL-terminated");
-    unicode::decode_utf8(charsmap.replacements_.substr(start, end - start),
-                         str(source, ": precompiled charsmap replacement at offset ", start));
+    // Each string is decoded once, however many values point into it, so a hostile trie cannot make this
+    // quadratic; a value inside a string must start on a character boundary.
+    const auto string_index = static_cast<size_t>(nul - nuls.begin());
+    if (!string_checked[string_index]) {
+      const size_t string_start = string_index == 0 ? 0 : nuls[string_index - 1] + 1;
+      unicode::decode_utf8(charsmap.replacements_.substr(string_start, *nul - string_start),
+                           str(source, ": precompiled charsmap replacement at offset ", string_start));
+      string_checked[string_index] = true;
+    }
+    DP_CHECK(start == *nul || (static_cast<unsigned char>(charsmap.replacements_[start]) & 0xC0) != 0x80, source,
+             ": precompiled charsmap unit ", value_index, " points into the middle of a UTF-8 character at offset ",
+             start);
   }
   return charsmap;
 }

@@ -102,8 +102,8 @@ const nlohmann::json& as_array(const nlohmann::json& value, const std::string& p
 
 int64_t parse_integer(const std::string& text, int64_t min, int64_t max, const std::string& path,
                       const std::string& field) {
-  // Digits only (no sign, spaces or "0x"), accumulated with an overflow check instead of std::stoll, whose
-  // exceptions name neither the file nor the text.
+  // Digits only (no sign, spaces or "0x"), at most 18 of them so the sum cannot overflow; std::stoll's
+  // exceptions named neither the file nor the text.
   bool valid = !text.empty() && text.size() <= 18;
   int64_t value = 0;
   for (char c : text) {
