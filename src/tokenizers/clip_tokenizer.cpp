@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "core/json_file.h"
 #include "core/log.h"
+#include "tokenizers/tokenizer_files.h"
 #include "tokenizers/unicode.h"
 
 namespace dp::tokenizers {
@@ -29,17 +29,6 @@ const std::vector<char32_t>& byte_to_char() {
   return table;
 }
 
-std::string token_content(const nlohmann::json& token) {
-  if (token.is_string()) return token.get<std::string>();
-  if (token.is_object() && token.contains("content")) return token["content"].get<std::string>();
-  return {};
-}
-
-// transformers' default for a special token not listed in added_tokens_decoder.
-bool default_normalized(const nlohmann::json& token) {
-  return token.is_object() && token.value("normalized", false);
-}
-
 bool starts_with(const std::u32string& text, size_t pos, const char* literal) {
   for (size_t k = 0; literal[k] != '\0'; ++k) {
     if (pos + k >= text.size() || text[pos + k] != static_cast<char32_t>(literal[k])) return false;
@@ -49,106 +38,175 @@ bool starts_with(const std::u32string& text, size_t pos, const char* literal) {
 
 size_t literal_length(const char* literal) { return std::char_traits<char>::length(literal); }
 
+std::vector<std::pair<std::string, std::string>> read_merges_txt(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DP_CHECK(in.good(), path, ": cannot open");
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::string line;
+  for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_number == 1 && line.rfind("#version", 0) == 0)) continue;
+    const size_t space = line.find(' ');
+    DP_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos, path, ":", line_number,
+             ": expected two symbols separated by one space, got ", files::quoted(line));
+    merges.emplace_back(line.substr(0, space), line.substr(space + 1));
+  }
+  DP_CHECK(in.eof(), path, ": read error");
+  return merges;
+}
+
 }  // namespace
 
 ClipTokenizer ClipTokenizer::from_folder(const std::string& folder) {
-  ClipTokenizer tokenizer;
-  const fs::path dir(folder);
-  const std::string vocab_path = (dir / "vocab.json").string(), merges_path = (dir / "merges.txt").string();
-  const std::string json_path = (dir / "tokenizer.json").string();
-  std::vector<std::pair<std::string, std::string>> merges;
-  if (fs::exists(vocab_path) || !fs::exists(json_path)) {
-    DP_CHECK(fs::exists(vocab_path), folder, ": CLIP tokenizer file vocab.json is missing (nor is there a tokenizer.json)");
-    DP_CHECK(fs::exists(merges_path), folder, ": CLIP tokenizer file merges.txt is missing");
-    const auto vocab = read_json_file(vocab_path);
-    DP_CHECK(vocab.is_object(), vocab_path, ": expected a JSON object of token -> id");
-    for (const auto& [token, id] : vocab.items()) tokenizer.vocab_[token] = id.get<int64_t>();
-    std::ifstream in(merges_path, std::ios::binary);
-    DP_CHECK(in.good(), merges_path, ": cannot open");
-    std::string line;
-    for (int line_number = 1; std::getline(in, line); ++line_number) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.empty() || (line_number == 1 && line.rfind("#version", 0) == 0)) continue;
-      const size_t space = line.find(' ');
-      DP_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos, merges_path, ":",
-               line_number, ": expected two symbols separated by one space, got '", line, "'");
-      merges.emplace_back(line.substr(0, space), line.substr(space + 1));
+  // The outer net catches what the per-file ones cannot name a file for (std::filesystem on the folder).
+  return files::with_file(folder, [&] {
+    ClipTokenizer tokenizer;
+    const fs::path dir(folder);
+    const std::string vocab_path = (dir / "vocab.json").string(), merges_path = (dir / "merges.txt").string();
+    const std::string json_path = (dir / "tokenizer.json").string();
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::string merges_source;  // the file the merges came from, for messages
+    if (fs::exists(vocab_path) || !fs::exists(json_path)) {
+      DP_CHECK(fs::exists(vocab_path), folder,
+               ": CLIP tokenizer file vocab.json is missing (nor is there a tokenizer.json)");
+      DP_CHECK(fs::exists(merges_path), folder, ": CLIP tokenizer file merges.txt is missing");
+      files::with_file(vocab_path, [&] {
+        tokenizer.read_vocab(files::read_object(vocab_path), vocab_path, "the vocabulary");
+      });
+      merges = files::with_file(merges_path, [&] { return read_merges_txt(merges_path); });
+      merges_source = merges_path;
+    } else {
+      merges = files::with_file(json_path, [&] { return tokenizer.read_tokenizer_json(json_path); });
+      merges_source = json_path;
     }
-  } else {
-    const auto doc = read_json_file(json_path);
-    DP_CHECK(doc.contains("model") && doc["model"].value("type", "") == "BPE", json_path, ": expected a BPE model");
-    for (const auto& [token, id] : doc["model"]["vocab"].items()) tokenizer.vocab_[token] = id.get<int64_t>();
-    for (const auto& added : doc.value("added_tokens", nlohmann::json::array())) {
-      tokenizer.added_tokens_.push_back({added.at("content").get<std::string>(), added.at("id").get<int64_t>(),
-                                         added.value("normalized", false)});
-    }
-    for (const auto& merge : doc["model"]["merges"]) {
-      if (merge.is_array()) {
-        merges.emplace_back(merge.at(0).get<std::string>(), merge.at(1).get<std::string>());
-      } else {
-        const auto text = merge.get<std::string>();
-        const size_t space = text.find(' ');
-        DP_CHECK(space != std::string::npos, json_path, ": malformed merge '", text, "'");
-        merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+    files::with_file(merges_source, [&] {
+      for (size_t rank = 0; rank < merges.size(); ++rank) {
+        const auto& [left, right] = merges[rank];
+        const int64_t a = tokenizer.token_id(left, merges_source), b = tokenizer.token_id(right, merges_source);
+        const int64_t merged = tokenizer.token_id(left + right, merges_source);
+        tokenizer.merges_.emplace(std::make_pair(a, b), std::make_pair(static_cast<int>(rank), merged));
       }
+    });
+    tokenizer.load_config(folder);
+    return tokenizer;
+  });
+}
+
+void ClipTokenizer::read_vocab(const nlohmann::json& vocab, const std::string& path, const std::string& field) {
+  files::as_object(vocab, path, field);
+  // Ids are dense, 0 .. size-1, as in every CLIP vocabulary; that bounds the id -> token table by the file.
+  const auto max_id = static_cast<int64_t>(vocab.size()) - 1;
+  for (const auto& [token, id] : vocab.items()) {
+    vocab_[token] = files::as_integer(id, 0, max_id, path, str("the id of ", files::quoted(token), " in ", field));
+  }
+  id_to_token_.resize(vocab.size());
+  for (const auto& [token, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = token;
+}
+
+std::vector<std::pair<std::string, std::string>> ClipTokenizer::read_tokenizer_json(const std::string& path) {
+  const nlohmann::json doc = files::read_object(path);
+  const nlohmann::json* model = files::member(doc, "model");
+  DP_CHECK(model != nullptr, path, ": missing field 'model'");
+  files::as_object(*model, path, "model");
+  const nlohmann::json* type = files::member(*model, "type");
+  DP_CHECK(type != nullptr && type->is_string() && type->get_ref<const std::string&>() == "BPE", path,
+           ": expected a BPE model, model.type is ", type == nullptr ? "missing" : files::describe(*type));
+  const nlohmann::json* vocab = files::member(*model, "vocab");
+  DP_CHECK(vocab != nullptr, path, ": missing field 'model.vocab'");
+  read_vocab(*vocab, path, "model.vocab");
+
+  if (const nlohmann::json* added_tokens = files::member(doc, "added_tokens")) {
+    files::as_array(*added_tokens, path, "added_tokens");
+    for (size_t i = 0; i < added_tokens->size(); ++i) {
+      const std::string field = str("added_tokens[", i, "]");
+      const nlohmann::json& added = files::as_object((*added_tokens)[i], path, field);
+      const nlohmann::json* id = files::member(added, "id");
+      DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
+      // An added token names an id of the vocabulary: encode emits it and decode looks it up.
+      added_tokens_.push_back({files::token_content(added, path, field),
+                               files::as_integer(*id, 0, vocab_size() - 1, path, field + ".id"),
+                               files::token_normalized(added, false, path, field)});
     }
   }
-  int64_t max_id = -1;
-  for (const auto& [token, id] : tokenizer.vocab_) max_id = std::max(max_id, id);
-  tokenizer.id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  for (const auto& [token, id] : tokenizer.vocab_) {
-    DP_CHECK(id >= 0, vocab_path, ": negative id ", id, " for '", token, "'");
-    tokenizer.id_to_token_[static_cast<size_t>(id)] = token;
+
+  std::vector<std::pair<std::string, std::string>> merges;
+  const nlohmann::json* merge_list = files::member(*model, "merges");
+  DP_CHECK(merge_list != nullptr, path, ": missing field 'model.merges'");
+  files::as_array(*merge_list, path, "model.merges");
+  for (size_t i = 0; i < merge_list->size(); ++i) {
+    const nlohmann::json& merge = (*merge_list)[i];
+    const std::string field = str("model.merges[", i, "]");
+    if (merge.is_array()) {
+      // tokenizers >= 0.20 writes ["a", "b"]; earlier versions "a b".
+      DP_CHECK(merge.size() == 2, path, ": ", field, " must hold two symbols, got ", files::describe(merge));
+      merges.emplace_back(files::as_string(merge[0], path, field + "[0]"),
+                          files::as_string(merge[1], path, field + "[1]"));
+    } else {
+      const std::string& text = files::as_string(merge, path, field);
+      const size_t space = text.find(' ');
+      DP_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos, path, ": ", field,
+               " must be two symbols separated by one space, got ", files::quoted(text));
+      merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+    }
   }
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
-    const int64_t a = tokenizer.token_id(left, merges_path), b = tokenizer.token_id(right, merges_path);
-    const int64_t merged = tokenizer.token_id(left + right, merges_path);
-    tokenizer.merges_.emplace(std::make_pair(a, b), std::make_pair(static_cast<int>(rank), merged));
-  }
-  tokenizer.load_config(folder);
-  return tokenizer;
+  return merges;
 }
 
 int64_t ClipTokenizer::token_id(const std::string& token, const std::string& what) const {
   const auto it = vocab_.find(token);
-  DP_CHECK(it != vocab_.end(), what, ": token '", token, "' is not in the vocabulary");
+  DP_CHECK(it != vocab_.end(), what, ": token ", files::quoted(token), " is not in the vocabulary");
   return it->second;
 }
 
 void ClipTokenizer::load_config(const std::string& folder) {
   const std::string config_path = (fs::path(folder) / "tokenizer_config.json").string();
   const std::string map_path = (fs::path(folder) / "special_tokens_map.json").string();
-  const auto config = fs::exists(config_path) ? read_json_file(config_path) : nlohmann::json::object();
-  const auto special_map = fs::exists(map_path) ? read_json_file(map_path) : nlohmann::json::object();
-  auto special = [&](const std::string& key, const std::string& fallback) -> nlohmann::json {
-    if (config.contains(key) && !config[key].is_null()) return config[key];
-    if (special_map.contains(key) && !special_map[key].is_null()) return special_map[key];
-    return fallback;
+  const auto config = fs::exists(config_path) ? files::read_object(config_path) : nlohmann::json::object();
+  const auto special_map = fs::exists(map_path) ? files::read_object(map_path) : nlohmann::json::object();
+  // A special token comes from tokenizer_config.json, else special_tokens_map.json, else CLIP's default.
+  struct Special {
+    std::string content;
+    bool normalized = false;  // transformers' default for a token not listed in added_tokens_decoder
+    std::string source;       // "<file> <key>", for messages
   };
-  const auto bos = special("bos_token", "<|startoftext|>"), eos = special("eos_token", "<|endoftext|>");
-  const auto pad = special("pad_token", "<|endoftext|>"), unk = special("unk_token", "<|endoftext|>");
-  bos_id_ = token_id(token_content(bos), config_path + " bos_token");
-  eos_id_ = token_id(token_content(eos), config_path + " eos_token");
-  pad_id_ = token_id(token_content(pad), config_path + " pad_token");
-  unk_id_ = token_id(token_content(unk), config_path + " unk_token");
-  const double max_length = json_get_or<double>(config, "model_max_length", 77.0, config_path);
-  model_max_length_ = max_length > 1e9 ? 77 : static_cast<int>(max_length);
-  // Special tokens are split out before normalization unless their "normalized" flag says otherwise.
-  if (!added_tokens_.empty()) {
-    // Already read from tokenizer.json's added_tokens.
-  } else if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
-    for (const auto& [id, token] : config["added_tokens_decoder"].items()) {
-      added_tokens_.push_back({token_content(token), std::stoll(id), token.value("normalized", false)});
+  auto special = [&](const std::string& key, const std::string& fallback) {
+    for (const auto& [doc, path] : {std::pair{&config, &config_path}, std::pair{&special_map, &map_path}}) {
+      if (const nlohmann::json* token = files::member(*doc, key)) {
+        return Special{files::token_content(*token, *path, key), files::token_normalized(*token, false, *path, key),
+                       *path + " " + key};
+      }
     }
-  } else {
-    for (const auto& token : {bos, eos, pad, unk}) {
-      const std::string content = token_content(token);
-      bool seen = false;
-      for (const auto& added : added_tokens_) seen = seen || added.content == content;
-      if (!seen) added_tokens_.push_back({content, token_id(content, config_path), default_normalized(token)});
+    return Special{fallback, false, config_path + " " + key};
+  };
+  files::with_file(config_path, [&] {
+    const Special bos = special("bos_token", "<|startoftext|>"), eos = special("eos_token", "<|endoftext|>");
+    const Special pad = special("pad_token", "<|endoftext|>"), unk = special("unk_token", "<|endoftext|>");
+    bos_id_ = token_id(bos.content, bos.source);
+    eos_id_ = token_id(eos.content, eos.source);
+    pad_id_ = token_id(pad.content, pad.source);
+    unk_id_ = token_id(unk.content, unk.source);
+    model_max_length_ = files::model_max_length(config, 77, 2, config_path);
+    // Special tokens are split out before normalization unless their "normalized" flag says otherwise.
+    const nlohmann::json* decoder = files::member(config, "added_tokens_decoder");
+    if (!added_tokens_.empty()) {
+      // Already read from tokenizer.json's added_tokens.
+    } else if (decoder != nullptr) {
+      for (const auto& [id, token] : files::as_object(*decoder, config_path, "added_tokens_decoder").items()) {
+        const std::string field = "added_tokens_decoder[" + files::quoted(id) + "]";
+        added_tokens_.push_back({files::token_content(token, config_path, field),
+                                 files::parse_integer(id, 0, vocab_size() - 1, config_path, field),
+                                 files::token_normalized(token, false, config_path, field)});
+      }
+    } else {
+      for (const Special* token : {&bos, &eos, &pad, &unk}) {
+        bool seen = false;
+        for (const auto& added : added_tokens_) seen = seen || added.content == token->content;
+        if (!seen) {
+          added_tokens_.push_back({token->content, token_id(token->content, token->source), token->normalized});
+        }
+      }
     }
-  }
+  });
 }
 
 void ClipTokenizer::encode_piece(const std::u32string& piece, std::vector<int64_t>& ids) const {

@@ -10,11 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace dp::tokenizers {
 
 class ClipTokenizer {
  public:
-  // Throws dp::Error naming the folder and the missing or malformed file.
+  // Throws dp::Error naming the folder, or the malformed file and field; every file is checked whole here.
   static ClipTokenizer from_folder(const std::string& folder);
 
   // bos, the text's ids, eos; no truncation or padding (what padding="longest" gives for one prompt).
@@ -38,6 +40,8 @@ class ClipTokenizer {
     int64_t id;
     bool normalized;
   };
+  void read_vocab(const nlohmann::json& vocab, const std::string& path, const std::string& field);
+  std::vector<std::pair<std::string, std::string>> read_tokenizer_json(const std::string& path);
   void load_config(const std::string& folder);
   void encode_plain(const std::string& text, std::vector<int64_t>& ids) const;
   void encode_normalized(const std::u32string& text, std::vector<int64_t>& ids) const;

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/json_file.h"
 #include "core/log.h"
+#include "tokenizers/tokenizer_files.h"
 #include "tokenizers/unicode.h"
 
 namespace dp::tokenizers {
@@ -18,6 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kMetaspace = "\xE2\x96\x81";  // U+2581, sentencepiece's visible space
 constexpr double kUnknownPenalty = 10.0;          // tokenizers' Unigram K_UNK_PENALTY
+// T5 folders say 100; the bound keeps a hostile extra_ids from growing the vocabulary without end.
+constexpr int64_t kMaxExtraIds = 10000;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -27,156 +29,113 @@ std::string read_bytes(const std::string& path) {
   return bytes.str();
 }
 
-std::string base64_decode(const std::string& text, const std::string& what) {
-  std::string out;
-  uint32_t buffer = 0;
-  int bits = 0;
-  for (char ch : text) {
-    int value;
-    if (ch >= 'A' && ch <= 'Z') value = ch - 'A';
-    else if (ch >= 'a' && ch <= 'z') value = ch - 'a' + 26;
-    else if (ch >= '0' && ch <= '9') value = ch - '0' + 52;
-    else if (ch == '+') value = 62;
-    else if (ch == '/') value = 63;
-    else if (ch == '=') break;
-    else DP_FAIL(what, ": invalid base64 character '", ch, "'");
-    buffer = (buffer << 6) | static_cast<uint32_t>(value);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((buffer >> bits) & 0xFF);
-    }
-  }
-  return out;
-}
-
-// Minimal protobuf wire reading: ModelProto.normalizer_spec (field 3).precompiled_charsmap (field 2).
-uint64_t read_varint(const std::string& bytes, size_t& pos, const std::string& what) {
-  uint64_t value = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    DP_CHECK(pos < bytes.size(), what, ": truncated protobuf varint");
-    const auto byte = static_cast<unsigned char>(bytes[pos++]);
-    value |= static_cast<uint64_t>(byte & 0x7F) << shift;
-    if ((byte & 0x80) == 0) return value;
-  }
-  DP_FAIL(what, ": malformed protobuf varint");
-}
-
-std::string find_length_delimited(const std::string& bytes, uint32_t field, const std::string& what) {
-  size_t pos = 0;
-  while (pos < bytes.size()) {
-    const uint64_t key = read_varint(bytes, pos, what);
-    const uint32_t wire_type = key & 7;
-    if (wire_type == 0) {
-      read_varint(bytes, pos, what);
-    } else if (wire_type == 1 || wire_type == 5) {
-      pos += wire_type == 1 ? 8 : 4;
-    } else if (wire_type == 2) {
-      const uint64_t length = read_varint(bytes, pos, what);
-      DP_CHECK(pos + length <= bytes.size(), what, ": truncated protobuf field ", (key >> 3));
-      if ((key >> 3) == field) return bytes.substr(pos, length);
-      pos += length;
-    } else {
-      DP_FAIL(what, ": unsupported protobuf wire type ", wire_type);
-    }
-  }
-  return {};
-}
-
-// The charsmap is a darts-clone double array (uint32 units) followed by NUL-terminated replacement strings.
-// Returns the replacement for the shortest trie key that prefixes `chunk`, as tokenizers' Precompiled does.
-bool charsmap_lookup(const std::string& charsmap, const std::string& chunk, std::string& replacement) {
-  if (charsmap.size() < 4) return false;
-  uint32_t trie_bytes = 0;
-  for (int i = 0; i < 4; ++i) trie_bytes |= static_cast<uint32_t>(static_cast<unsigned char>(charsmap[i])) << (8 * i);
-  const size_t units = trie_bytes / 4;
-  auto unit_at = [&](size_t index) {
-    uint32_t unit = 0;
-    for (int i = 0; i < 4; ++i) {
-      unit |= static_cast<uint32_t>(static_cast<unsigned char>(charsmap[4 + 4 * index + i])) << (8 * i);
-    }
-    return unit;
-  };
-  auto offset = [](uint32_t unit) { return (unit >> 10) << ((unit & (1u << 9)) >> 6); };
-  size_t node = 0;
-  if (units == 0) return false;
-  node ^= offset(unit_at(0));
-  for (unsigned char c : chunk) {
-    node ^= c;
-    if (node >= units) return false;
-    const uint32_t unit = unit_at(node);
-    if ((unit & ((1u << 31) | 0xFF)) != c) return false;
-    node ^= offset(unit);
-    if (node >= units) return false;
-    if ((unit >> 8) & 1) {
-      const size_t value = unit_at(node) & ((1u << 31) - 1);
-      const size_t start = 4 + trie_bytes + value;
-      if (start > charsmap.size()) return false;
-      const size_t end = charsmap.find('\0', start);
-      replacement = charsmap.substr(start, end == std::string::npos ? std::string::npos : end - start);
-      return true;
-    }
-  }
-  return false;
-}
-
-std::string token_content(const nlohmann::json& token) {
-  if (token.is_string()) return token.get<std::string>();
-  if (token.is_object() && token.contains("content")) return token["content"].get<std::string>();
-  return {};
-}
-
 }  // namespace
 
 T5Tokenizer T5Tokenizer::from_folder(const std::string& folder) {
-  T5Tokenizer tokenizer;
-  const std::string json_path = (fs::path(folder) / "tokenizer.json").string();
-  const std::string spiece_path = (fs::path(folder) / "spiece.model").string();
-  if (fs::exists(json_path)) {
-    const auto doc = read_json_file(json_path);
-    DP_CHECK(doc.contains("model") && doc["model"].value("type", "") == "Unigram", json_path,
-             ": expected a Unigram model for T5");
-    for (const auto& entry : doc["model"]["vocab"]) {
-      DP_CHECK(entry.is_array() && entry.size() == 2, json_path, ": malformed vocab entry ", entry.dump());
-      tokenizer.pieces_.push_back({entry[0].get<std::string>(), entry[1].get<double>()});
+  // The outer net catches what the per-file ones cannot name a file for (std::filesystem on the folder).
+  return files::with_file(folder, [&] {
+    T5Tokenizer tokenizer;
+    const std::string json_path = (fs::path(folder) / "tokenizer.json").string();
+    const std::string spiece_path = (fs::path(folder) / "spiece.model").string();
+    if (fs::exists(json_path)) {
+      files::with_file(json_path, [&] { tokenizer.read_tokenizer_json(json_path); });
+    } else if (fs::exists(spiece_path)) {
+      files::with_file(spiece_path, [&] { tokenizer.read_spiece_model(spiece_path); });
+    } else {
+      DP_FAIL(folder, ": no T5 tokenizer found: neither tokenizer.json nor spiece.model exists");
     }
-    nlohmann::json normalizers = doc.value("normalizer", nlohmann::json());
-    if (normalizers.is_object() && normalizers.value("type", "") == "Sequence") normalizers = normalizers["normalizers"];
-    if (normalizers.is_object()) normalizers = nlohmann::json::array({normalizers});
-    for (const auto& normalizer : normalizers.is_array() ? normalizers : nlohmann::json::array()) {
-      if (normalizer.value("type", "") == "Precompiled" && normalizer.contains("precompiled_charsmap") &&
-          normalizer["precompiled_charsmap"].is_string()) {
-        tokenizer.charsmap_ = base64_decode(normalizer["precompiled_charsmap"].get<std::string>(), json_path);
-        break;
-      }
-    }
-    for (const auto& added : doc.value("added_tokens", nlohmann::json::array())) {
-      tokenizer.added_tokens_.emplace_back(added["content"].get<std::string>(), added["id"].get<int64_t>());
-    }
-  } else if (fs::exists(spiece_path)) {
-    sentencepiece::SentencePieceProcessor processor;
-    const auto status = processor.Load(spiece_path);
-    DP_CHECK(status.ok(), spiece_path, ": sentencepiece cannot load it: ", status.ToString());
-    for (int id = 0; id < processor.GetPieceSize(); ++id) {
-      tokenizer.pieces_.push_back({processor.IdToPiece(id), static_cast<double>(processor.GetScore(id))});
-    }
-    const std::string model = read_bytes(spiece_path);
-    tokenizer.charsmap_ = find_length_delimited(find_length_delimited(model, 3, spiece_path), 2, spiece_path);
-  } else {
-    DP_FAIL(folder, ": no T5 tokenizer found: neither tokenizer.json nor spiece.model exists");
-  }
-  tokenizer.finish_loading(folder);
-  return tokenizer;
+    const std::string config_path = (fs::path(folder) / "tokenizer_config.json").string();
+    files::with_file(config_path, [&] { tokenizer.finish_loading(folder, config_path); });
+    return tokenizer;
+  });
 }
 
-void T5Tokenizer::finish_loading(const std::string& folder) {
-  const std::string config_path = (fs::path(folder) / "tokenizer_config.json").string();
-  const auto config = fs::exists(config_path) ? read_json_file(config_path) : nlohmann::json::object();
+void T5Tokenizer::read_tokenizer_json(const std::string& path) {
+  const nlohmann::json doc = files::read_object(path);
+  const nlohmann::json* model = files::member(doc, "model");
+  DP_CHECK(model != nullptr, path, ": missing field 'model'");
+  files::as_object(*model, path, "model");
+  const nlohmann::json* type = files::member(*model, "type");
+  DP_CHECK(type != nullptr && type->is_string() && type->get_ref<const std::string&>() == "Unigram", path,
+           ": expected a Unigram model for T5, model.type is ", type == nullptr ? "missing" : files::describe(*type));
+  const nlohmann::json* vocab = files::member(*model, "vocab");
+  DP_CHECK(vocab != nullptr, path, ": missing field 'model.vocab'");
+  files::as_array(*vocab, path, "model.vocab");
+  pieces_.reserve(vocab->size());
+  for (size_t i = 0; i < vocab->size(); ++i) {
+    const nlohmann::json& entry = (*vocab)[i];
+    const std::string field = str("model.vocab[", i, "]");
+    DP_CHECK(entry.is_array() && entry.size() == 2, path, ": ", field, " must be a [piece, score] pair, got ",
+             files::describe(entry));
+    pieces_.push_back({files::as_string(entry[0], path, field + "[0]"),
+                       files::as_finite_number(entry[1], path, field + "[1]")});
+  }
+
+  // The normalizer is one Precompiled normalizer or a Sequence holding one; other kinds are not applied.
+  const nlohmann::json* normalizer = files::member(doc, "normalizer");
+  std::string normalizer_field = "normalizer";
+  if (normalizer != nullptr) {
+    files::as_object(*normalizer, path, normalizer_field);
+    const nlohmann::json* kind = files::member(*normalizer, "type");
+    if (kind != nullptr && files::as_string(*kind, path, "normalizer.type") == "Sequence") {
+      const nlohmann::json* sequence = files::member(*normalizer, "normalizers");
+      DP_CHECK(sequence != nullptr, path, ": missing field 'normalizer.normalizers'");
+      files::as_array(*sequence, path, "normalizer.normalizers");
+      normalizer = nullptr;
+      for (size_t i = 0; i < sequence->size() && normalizer == nullptr; ++i) {
+        const std::string field = str("normalizer.normalizers[", i, "]");
+        const nlohmann::json* inner_kind = files::member(files::as_object((*sequence)[i], path, field), "type");
+        if (inner_kind != nullptr && files::as_string(*inner_kind, path, field + ".type") == "Precompiled") {
+          normalizer = &(*sequence)[i];
+          normalizer_field = field;
+        }
+      }
+    }
+  }
+  if (normalizer != nullptr) {
+    const nlohmann::json* kind = files::member(*normalizer, "type");
+    const nlohmann::json* charsmap = files::member(*normalizer, "precompiled_charsmap");
+    if (kind != nullptr && *kind == "Precompiled" && charsmap != nullptr) {
+      const std::string field = normalizer_field + ".precompiled_charsmap";
+      charsmap_ = PrecompiledCharsmap::from_base64(files::as_string(*charsmap, path, field), path + ": " + field);
+    }
+  }
+
+  if (const nlohmann::json* added_tokens = files::member(doc, "added_tokens")) {
+    files::as_array(*added_tokens, path, "added_tokens");
+    for (size_t i = 0; i < added_tokens->size(); ++i) {
+      const std::string field = str("added_tokens[", i, "]");
+      const nlohmann::json& added = files::as_object((*added_tokens)[i], path, field);
+      const nlohmann::json* id = files::member(added, "id");
+      DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
+      // Added tokens index the model's vocabulary (T5's sentinels are part of it), which decode relies on.
+      added_tokens_.emplace_back(files::token_content(added, path, field),
+                                 files::as_integer(*id, 0, static_cast<int64_t>(pieces_.size()) - 1, path,
+                                                   field + ".id"));
+    }
+  }
+}
+
+void T5Tokenizer::read_spiece_model(const std::string& path) {
+  sentencepiece::SentencePieceProcessor processor;
+  const auto status = processor.Load(path);
+  DP_CHECK(status.ok(), path, ": sentencepiece cannot load it: ", status.ToString());
+  for (int id = 0; id < processor.GetPieceSize(); ++id) {
+    pieces_.push_back({processor.IdToPiece(id), static_cast<double>(processor.GetScore(id))});
+  }
+  charsmap_ = PrecompiledCharsmap::from_sentencepiece_model(read_bytes(path), path);
+}
+
+void T5Tokenizer::finish_loading(const std::string& folder, const std::string& config_path) {
+  const auto config = fs::exists(config_path) ? files::read_object(config_path) : nlohmann::json::object();
   const bool from_spiece = added_tokens_.empty();
   if (from_spiece) {
     // transformers appends the sentinels <extra_id_{n-1}> ... <extra_id_0> after the sentencepiece pieces.
-    const int extra_ids = json_get_or<int>(config, "extra_ids", 100, config_path);
-    for (int i = extra_ids - 1; i >= 0; --i) pieces_.push_back({"<extra_id_" + std::to_string(i) + ">", 0.0});
+    const nlohmann::json* extra_ids_value = files::member(config, "extra_ids");
+    const int64_t extra_ids = extra_ids_value == nullptr
+                                  ? 100
+                                  : files::as_integer(*extra_ids_value, 0, kMaxExtraIds, config_path, "extra_ids");
+    for (int64_t i = extra_ids - 1; i >= 0; --i) pieces_.push_back({"<extra_id_" + std::to_string(i) + ">", 0.0});
   }
   for (size_t id = 0; id < pieces_.size(); ++id) {
     piece_ids_.emplace(pieces_[id].text, static_cast<int64_t>(id));
@@ -186,9 +145,10 @@ void T5Tokenizer::finish_loading(const std::string& folder) {
   for (const auto& piece : pieces_) min_score = std::min(min_score, piece.score);
   unknown_score_ = min_score - kUnknownPenalty;
   auto id_of = [&](const std::string& key, const std::string& fallback) {
-    const std::string token = config.contains(key) ? token_content(config[key]) : fallback;
+    const nlohmann::json* value = files::member(config, key);
+    const std::string token = value == nullptr ? fallback : files::token_content(*value, config_path, key);
     const auto it = piece_ids_.find(token);
-    DP_CHECK(it != piece_ids_.end(), config_path, ": ", key, " '", token, "' is not in the vocabulary");
+    DP_CHECK(it != piece_ids_.end(), config_path, ": ", key, " ", files::quoted(token), " is not in the vocabulary");
     return it->second;
   };
   eos_id_ = id_of("eos_token", "</s>");
@@ -196,8 +156,7 @@ void T5Tokenizer::finish_loading(const std::string& folder) {
   // T5Tokenizer builds its Unigram model with unk_id=2 whatever the folder says.
   unk_id_ = 2;
   DP_CHECK(static_cast<int64_t>(pieces_.size()) > unk_id_, folder, ": vocabulary too small (", pieces_.size(), ")");
-  const double max_length = json_get_or<double>(config, "model_max_length", 512.0, config_path);
-  model_max_length_ = max_length > 1e9 ? 512 : static_cast<int>(max_length);
+  model_max_length_ = files::model_max_length(config, 512, 1, config_path);
   if (from_spiece) {
     for (const auto& token : {"<pad>", "</s>", "<unk>"}) {
       if (piece_ids_.count(token)) added_tokens_.emplace_back(token, piece_ids_.at(token));
@@ -213,14 +172,14 @@ std::string T5Tokenizer::normalize(const std::string& text) const {
   std::string out, replacement;
   for (const auto& grapheme : unicode::graphemes(unicode::decode_utf8(text, "T5 prompt"))) {
     const std::string bytes = unicode::encode_utf8(grapheme);
-    if (bytes.size() < 6 && charsmap_lookup(charsmap_, bytes, replacement)) {
+    if (bytes.size() < 6 && charsmap_.lookup(bytes, replacement)) {
       out += replacement;
       continue;
     }
     for (char32_t c : grapheme) {
       std::string one;
       unicode::append_utf8(c, one);
-      out += charsmap_lookup(charsmap_, one, replacement) ? replacement : one;
+      out += charsmap_.lookup(one, replacement) ? replacement : one;
     }
   }
   return out;

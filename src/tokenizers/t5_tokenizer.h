@@ -8,11 +8,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tokenizers/precompiled_charsmap.h"
+
 namespace dp::tokenizers {
 
 class T5Tokenizer {
  public:
-  // Throws dp::Error naming the folder and the missing or malformed file.
+  // Throws dp::Error naming the folder, or the malformed file and field; every file is checked whole here.
   static T5Tokenizer from_folder(const std::string& folder);
 
   // All ids of the text followed by eos; no truncation or padding (padding="longest" for one prompt).
@@ -33,7 +35,9 @@ class T5Tokenizer {
     std::string text;
     double score = 0.0;
   };
-  void finish_loading(const std::string& folder);
+  void read_tokenizer_json(const std::string& path);
+  void read_spiece_model(const std::string& path);
+  void finish_loading(const std::string& folder, const std::string& config_path);
   std::string normalize(const std::string& text) const;
   void encode_word(const std::string& word, std::vector<int64_t>& ids) const;
   void encode_segment(const std::string& segment, std::vector<int64_t>& ids) const;
@@ -41,7 +45,7 @@ class T5Tokenizer {
   std::vector<Piece> pieces_;
   std::unordered_map<std::string, int64_t> piece_ids_;
   std::vector<std::pair<std::string, int64_t>> added_tokens_;  // matched in the raw text before anything else
-  std::string charsmap_;                                        // sentencepiece precompiled charsmap (may be empty)
+  PrecompiledCharsmap charsmap_;                                // sentencepiece's normalizer (may be empty)
   size_t longest_piece_bytes_ = 0;
   double unknown_score_ = 0.0;
   int64_t unk_id_ = 2, eos_id_ = 1, pad_id_ = 0;

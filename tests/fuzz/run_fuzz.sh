@@ -3,7 +3,7 @@
 # compiled with coverage and sanitizers, LibTorch is never configured) and runs it for a fixed time over a
 # copy of the committed seed corpus.
 #
-#   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index]
+#   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index|clip_tokenizer|t5_tokenizer|spiece]
 #
 # Findings (crash, sanitizer report, leak, timeout, out-of-memory, uncaught non-dp::Error exception) land
 # in build-fuzz/artifacts/TARGET/ and make the script exit 1. Inputs the fuzzer discovers accumulate in
@@ -17,9 +17,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out="$root/build-fuzz"
 cxx=${CXX_FUZZ:-clang++}
 
+# Each target's dictionary: the JSON and framing tokens its parser looks for.
 case "$target" in
-  safetensors|index) ;;
-  *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index)" >&2; exit 2 ;;
+  safetensors|index) dict=safetensors.dict ;;
+  clip_tokenizer|t5_tokenizer|spiece) dict=$target.dict ;;
+  *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index|clip_tokenizer|t5_tokenizer|spiece)" >&2; exit 2 ;;
 esac
 binary="$out/tests/fuzz/${target}_fuzz"
 seeds="$root/tests/fuzz/corpus/$target"
@@ -44,7 +46,7 @@ set +e
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
 "$binary" "$work" \
-  -max_total_time="$seconds" -max_len=65536 -dict="$root/tests/fuzz/safetensors.dict" \
+  -max_total_time="$seconds" -max_len=65536 -dict="$root/tests/fuzz/$dict" \
   -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$artifacts/" >"$log" 2>&1
 status=$?

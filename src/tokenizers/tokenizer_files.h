@@ -1,0 +1,74 @@
+#pragma once
+// Checked reading of tokenizer files (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, spiece.model). They come from folders we do not control, so each value is checked
+// for type and range before use, and each failure is a one-line dp::Error naming the file and the field.
+// nlohmann's own exceptions never reach the caller: they name no file and, for a const lookup of a
+// missing key, do not even throw.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "core/error.h"
+
+namespace dp::tokenizers::files {
+
+// A limit no real tokenizer config comes near (CLIP says 77, T5 512) that keeps a padded encoding of a
+// hostile config from asking for gigabytes. transformers' "no limit" (int(1e30)) is read as unset.
+constexpr int64_t kMaxModelMaxLength = int64_t{1} << 20;
+
+// Reads a JSON file whose top level must be an object.
+nlohmann::json read_object(const std::string& path);
+
+// A value for a message: its type, and for scalars the value itself, shortened. Never dumps a container,
+// which could be huge or nested deeply enough to exhaust the stack.
+std::string describe(const nlohmann::json& value);
+// Text from a file for a message: quoted, control bytes escaped, long text cut.
+std::string quoted(const std::string& text);
+
+// The member `key` of `object`, or nullptr when it is absent or null. `object` must be an object.
+const nlohmann::json* member(const nlohmann::json& object, const std::string& key);
+
+// Typed views of a value; `field` names it in messages (e.g. "added_tokens[3].id").
+const std::string& as_string(const nlohmann::json& value, const std::string& path, const std::string& field);
+const std::string& as_nonempty_string(const nlohmann::json& value, const std::string& path,
+                                      const std::string& field);
+// An integer in [min, max]; a float such as 2.0 or 2.7 is refused.
+int64_t as_integer(const nlohmann::json& value, int64_t min, int64_t max, const std::string& path,
+                   const std::string& field);
+double as_finite_number(const nlohmann::json& value, const std::string& path, const std::string& field);
+bool as_bool(const nlohmann::json& value, const std::string& path, const std::string& field);
+const nlohmann::json& as_object(const nlohmann::json& value, const std::string& path, const std::string& field);
+const nlohmann::json& as_array(const nlohmann::json& value, const std::string& path, const std::string& field);
+// A decimal integer written as text (added_tokens_decoder's keys), in [min, max].
+int64_t parse_integer(const std::string& text, int64_t min, int64_t max, const std::string& path,
+                      const std::string& field);
+
+// A special token as transformers writes it: a string, or an AddedToken object with a "content" string.
+// The content must not be empty (an empty token would match everywhere without advancing).
+std::string token_content(const nlohmann::json& token, const std::string& path, const std::string& field);
+// An AddedToken object's "normalized" flag, `fallback` when absent or when the token is a plain string.
+bool token_normalized(const nlohmann::json& token, bool fallback, const std::string& path, const std::string& field);
+
+// tokenizer_config.json's model_max_length: `fallback` when absent or "no limit" (above 1e9, as transformers
+// writes it), otherwise an integer in [minimum, kMaxModelMaxLength].
+int model_max_length(const nlohmann::json& config, int fallback, int minimum, const std::string& path);
+
+// Runs `read` and turns anything other than a dp::Error (nlohmann, std::bad_alloc, the standard library)
+// into one naming `path`, so the loaders keep a final net under their explicit checks.
+template <typename Read>
+auto with_file(const std::string& path, Read&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const dp::Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    DP_FAIL(path, ": out of memory while reading it (is a size in the file absurd?)");
+  } catch (const std::exception& e) {
+    DP_FAIL(path, ": cannot read it: ", e.what());
+  }
+}
+
+}  // namespace dp::tokenizers::files
