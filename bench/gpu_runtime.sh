@@ -57,11 +57,16 @@ for map in auto pipeline; do
     > "$out/full-2-$map.log" 2>&1 || { status=1; tail -12 "$out/full-2-$map.log"; }
   grep -E "runtime: ring|capped|loaded blocks|ms/step|microbatch steps|stage (encode|denoise): [0-9]" \
     "$out/full-2-$map.log" | cut -c1-220 | tail -9
-  python3 - "$out/full-1.h5" "$out/full-2-$map.h5" <<'PY' || status=1
+  if cmp -s <(h5dump -d latents "$out/full-1.h5" | tail -n +3) <(h5dump -d latents "$out/full-2-$map.h5" | tail -n +3); then
+    echo "full size, bf16 cuda: 2 ranks ($map) bit-identical to 1"
+  else
+    echo "full size, bf16 cuda: 2 ranks ($map) differ from 1"
+    python3 -c "import h5py" 2>/dev/null && python3 - "$out/full-1.h5" "$out/full-2-$map.h5" <<'PY'
 import sys, h5py, numpy as np
 a = np.asarray(h5py.File(sys.argv[1])["latents"]); b = np.asarray(h5py.File(sys.argv[2])["latents"])
-print(f"full size, 2 ranks vs 1: bit-identical={np.array_equal(a, b)}, max rel diff {np.abs(a-b).max()/np.abs(a).max():.3g}")
+print(f"  max difference {np.abs(a - b).max() / np.abs(a).max():.3g} of the scale")
 PY
+  fi
   elapsed "full size, 2 ranks, $map"
 done
 exit $status
