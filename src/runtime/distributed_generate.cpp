@@ -171,6 +171,8 @@ void cap_device_memory(const RuntimeOptions& options, const World& world, const 
   const auto gpu = placement::Device::gpu(world.rank());
   if (!caps.has(gpu)) return;
 #ifdef DIFFPIPE_HAVE_CUDA
+  // The allocator sizes its per-device tables on first use; the cap must come after that.
+  at::globalContext().lazyInitDevice(at::kCUDA);
   const auto total = static_cast<double>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
   const double fraction = std::min(1.0, static_cast<double>(caps.at(gpu)) / total);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
@@ -181,9 +183,17 @@ void cap_device_memory(const RuntimeOptions& options, const World& world, const 
 #endif
 }
 
+// GPU local_rank % visible GPUs: one GPU per rank on a full node, several ranks on one GPU when there are
+// fewer GPUs than ranks (the one-GPU machine's seed-workflow reproduction).
 at::Device rank_device(const pipeline::GenerateRequest& request, const World& world) {
   if (!request.device.is_cuda()) return request.device;
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
+#ifdef DIFFPIPE_HAVE_CUDA
+  const int visible = static_cast<int>(at::cuda::device_count());
+  DP_CHECK(visible > 0, "--device cuda, but rank ", world.rank(), " on ", world.host(), " sees no CUDA device");
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % visible));
+#else
+  DP_FAIL("--device cuda: this build has no CUDA support");
+#endif
 }
 
 void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
