@@ -304,5 +304,20 @@ TEST(GenerateCommand, DtypeDefaultsPerDeviceAndHelpStatesDefaultsAndLimits) {
     EXPECT_NE(help.output.find(text), std::string::npos) << text << "\n" << help.output;
 }
 
+TEST(Cli, UnknownCommandsAreNamedAndGlobalOptionsMayFollowTheCommand) {
+  const auto unknown = dp::test::run_command(dp::test::diffpipe_binary() + " genrate --prompt cat");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("unknown command 'genrate'"), std::string::npos) << unknown.output;
+  // --log-level after the command, in the torch-free front and in diffpipe-torch.
+  const auto inspect = dp::test::run_command(dp::test::diffpipe_binary() + " inspect --model " + tiny_pipe() +
+                                             " --log-level warn");
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
+  const auto dir = dp::test::temp_dir("gen-log-level");
+  const Timed quiet = generate("--model " + tiny_pipe() + " --prompt cat" + kSmall + "--out " + dir +
+                               "/x.png --log-level warn");
+  EXPECT_EQ(quiet.result.exit_code, 0) << quiet.result.output;
+  EXPECT_EQ(quiet.result.output.find("[info]"), std::string::npos) << quiet.result.output;
+}
+
 }  // namespace
 }  // namespace dp::cli
