@@ -16,6 +16,7 @@
 #endif
 
 #include "cli/command.h"
+#include "cli/torch_boundary.h"
 #include "pipeline/device_stats.h"
 #include "core/error.h"
 #include "core/json_file.h"
@@ -148,8 +149,7 @@ void run_forward(const ForwardOptions& o) {
   c10::InferenceMode guard;
   if (o.threads > 0) at::set_num_threads(o.threads);
   const at::ScalarType dtype = io::parse_run_scalar_type(o.dtype);
-  DP_CHECK(o.device == "cpu" || o.device == "cuda", "--device: expected cpu or cuda, got '", o.device, "'");
-  const at::Device device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  const at::Device device = usable_device(o.device);
   const std::string dir = transformer_dir(o.model);
   const std::string config_path = dir + "/config.json";
   DP_CHECK(std::filesystem::exists(config_path), o.model, ": no transformer config (looked for ", config_path, ")");
@@ -254,7 +254,7 @@ CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
   cmd->add_option("--inputs", o->inputs, "read inputs from a safetensors file (input.* tensors) instead");
   cmd->add_option("--save", o->save, "write inputs and output to this safetensors file");
   cmd->add_flag("--cuda-graph", o->cuda_graph, "capture the forward in a CUDA graph and time its replays");
-  cmd->callback([o] { run_forward(*o); });
+  cmd->callback([o] { run_reporting_torch_errors([&] { run_forward(*o); }); });
 });
 
 }  // namespace

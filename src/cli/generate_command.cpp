@@ -1,29 +1,39 @@
 // `diffpipe generate`: the whole FLUX pipeline in one process, with diffusers' defaults and numbers.
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "cli/torch_boundary.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "io/hdf5_latents.h"
 #include "io/png_image.h"
+#include "io/run_dtype.h"
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
+#include "pipeline/memory_estimate.h"
 #include "runtime/distributed_generate.h"
 #include "runtime/world.h"
+#include "tokenizers/unicode.h"
 
 namespace dp::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompts_file, report_json, out = "out.png", output_type = "png", dtype = "bf16", device = "cpu";
+  std::string model, prompts_file, report_json, output_type = "png", device = "cpu";
+  std::string out;    // default: out.png, or out.h5 for --output-type latent
+  std::string dtype;  // default: fp32 on cpu, bf16 on cuda
   std::vector<std::string> prompts;
+  std::vector<std::string> stray_words;  // words on the command line that no option took
   int num_images_per_prompt = 1, steps = 28, max_sequence_length = 512;
   int64_t height = 0, width = 0;  // 0: the model's default size
   double guidance = 3.5;
@@ -31,27 +41,117 @@ struct GenerateOptions {
   runtime::RuntimeOptions runtime;
 };
 
+// Prompts are checked as they are read, so that a bad one is named where the user can find it.
+void check_prompt_text(const std::string& prompt, const std::string& where) {
+  tokenizers::unicode::decode_utf8(prompt, where);  // throws "<where>: invalid UTF-8 at byte N"
+}
+
 std::vector<std::string> read_prompts_file(const std::string& path) {
+  DP_CHECK(!std::filesystem::is_directory(path), path, ": --prompts-file is a directory; name a text file");
   std::ifstream in(path);
   DP_CHECK(in.good(), path, ": cannot open prompts file");
   std::vector<std::string> prompts;
   std::string line;
-  while (std::getline(in, line)) {
+  for (int number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    check_prompt_text(line, str("line ", number, " of ", path));
     prompts.push_back(line);
   }
   DP_CHECK(!prompts.empty(), path, ": prompts file has no prompt (one prompt a line; blank lines are skipped)");
   return prompts;
 }
 
+// `--prompt a cat on a mat` gives --prompt "a" and four words nobody asked for: refuse rather than guess.
+void check_no_stray_words(const GenerateOptions& o) {
+  if (o.stray_words.empty()) return;
+  std::string words;
+  for (const auto& w : o.stray_words) words += (words.empty() ? "" : " ") + w;
+  if (o.prompts.empty())
+    DP_FAIL("unexpected argument(s) '", words, "' (generate has no positional arguments; see generate --help)");
+  const std::string example = o.prompts.size() == 1 ? o.prompts.front() + " " + words : "a cat on a mat";
+  DP_FAIL("unexpected argument(s) '", words, "': each --prompt takes one prompt, so a prompt with spaces must be ",
+          "quoted (--prompt \"", example, "\"); repeat --prompt for several prompts");
+}
+
+bool has_extension(const std::string& path, std::initializer_list<const char*> accepted) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  for (auto& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* a : accepted)
+    if (ext == a) return true;
+  return false;
+}
+
+// --out follows --output-type: out.png or out.h5 by default, and a name that promises the other format is
+// refused (an HDF5 file named .png is a wrong result that exits 0). A name without an extension (/dev/null,
+// a FIFO) is fine.
+std::string output_path_for(const GenerateOptions& o) {
+  const bool latent = o.output_type == "latent";
+  if (o.out.empty()) return latent ? "out.h5" : "out.png";
+  if (std::filesystem::path(o.out).extension().empty()) return o.out;
+  if (latent)
+    DP_CHECK(has_extension(o.out, {".h5", ".hdf5"}), "--out ", o.out,
+             ": --output-type latent writes an HDF5 file of packed latents; name it .h5 or .hdf5 (or use "
+             "--output-type png for images)");
+  else
+    DP_CHECK(has_extension(o.out, {".png"}), "--out ", o.out,
+             ": --output-type png writes PNG images; name it .png (or use --output-type latent for HDF5 latents)");
+  return o.out;
+}
+
+// check_output_path, with the option that named the path in front of its message.
+void check_output_option(const char* option, const std::string& path) {
+  try {
+    check_output_path(path);
+  } catch (const Error& e) {
+    throw Error(str(option, " ", e.what()), e.file(), e.line());
+  }
+}
+
+// A target that exists and is not a regular file (/dev/null, a FIFO) takes every image in place, rather
+// than out-0.png, out-1.png ... beside it (in /dev).
+bool writes_in_place(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  return std::filesystem::exists(status) && !std::filesystem::is_regular_file(status);
+}
+
+// Refuses before any work a request whose activations cannot fit the device's memory, with the estimate.
+// `device` is this rank's; `decode` whether this rank decodes (the coordinator, for PNG output).
+void check_memory(const pipeline::GenerateRequest& request, const std::string& dtype, const pipeline::FluxPipeline& flux,
+                  bool decode, const at::Device& device) {
+  const auto transformer_config_path = flux.folder().component("transformer").path + "/config.json";
+  const auto transformer = models::FluxConfig::from_json(read_json_file(transformer_config_path), transformer_config_path);
+  std::optional<models::VaeConfig> vae;
+  if (decode) {
+    const auto vae_config_path = flux.folder().component("vae").path + "/config.json";
+    vae = models::VaeConfig::from_json(read_json_file(vae_config_path), vae_config_path);
+  }
+  const pipeline::MemoryRequest memory_request{request.batch(), request.height, request.width,
+                                               request.max_sequence_length, request.dtype};
+  const auto estimate = pipeline::estimate_generate_memory(memory_request, transformer, vae ? &*vae : nullptr);
+  const auto available = pipeline::available_memory(device);
+  auto bytes = [](double b) { return human_bytes(b >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(b)); };
+  DP_DEBUG("generate: memory estimate ", bytes(estimate.peak_bytes()), " (latents ", bytes(estimate.latents_bytes),
+           ", transformer block ", bytes(estimate.transformer_bytes), ", VAE decode ", bytes(estimate.vae_decode_bytes),
+           "); available ", human_bytes(available.bytes), " (", available.source, ")");
+  DP_CHECK(estimate.peak_bytes() <= static_cast<double>(available.bytes), request.width, "x", request.height, " x ",
+           request.batch(), " image(s) in ", dtype,
+           " needs at least ", bytes(estimate.peak_bytes()), " of memory on ", device.str(),
+           " besides the weights (", estimate.sequence_length, " tokens: transformer block ",
+           bytes(estimate.transformer_bytes), ", latents ", bytes(estimate.latents_bytes),
+           decode ? ", VAE decode " + bytes(estimate.vae_decode_bytes) : std::string(), "), but ",
+           human_bytes(available.bytes), " is available (", available.source,
+           "); lower --height/--width, the number of prompts or --num-images-per-prompt");
+}
+
 // --report-json: the stage reports and the denoising loop's step times, for benchmark scripts.
-void write_report_json(const GenerateOptions& o, const pipeline::GenerateRequest& request,
+void write_report_json(const GenerateOptions& o, const std::string& dtype, const pipeline::GenerateRequest& request,
                        const std::vector<pipeline::StageReport>& stages, const std::vector<double>& step_ends,
                        double total_seconds) {
   nlohmann::json doc = {{"model", o.model},
                         {"device", o.device},
-                        {"dtype", o.dtype},
+                        {"dtype", dtype},
                         {"height", request.height},
                         {"width", request.width},
                         {"steps", request.steps},
@@ -79,7 +179,12 @@ std::string numbered_path(const std::string& path, int64_t index, int64_t count)
 }
 
 void generate_on_this_rank(const GenerateOptions& o) {
+  // Everything up to the folder's checks is cheap: a bad request fails in milliseconds, before any weight is
+  // read, and leaves no file behind.
+  const auto& world = runtime::World::get();
+  check_no_stray_words(o);
   pipeline::GenerateRequest request;
+  for (size_t i = 0; i < o.prompts.size(); ++i) check_prompt_text(o.prompts[i], str("prompt ", i + 1));
   request.prompts = o.prompts;
   if (!o.prompts_file.empty()) {
     const auto from_file = read_prompts_file(o.prompts_file);
@@ -93,26 +198,34 @@ void generate_on_this_rank(const GenerateOptions& o) {
   request.guidance = o.guidance;
   request.seed = o.seed;
   request.max_sequence_length = o.max_sequence_length;
-  request.dtype = io::parse_run_scalar_type(o.dtype);
-  DP_CHECK(o.device == "cpu" || o.device == "cuda", "--device: expected cpu or cuda, got '", o.device, "'");
-  request.device = at::Device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  // Canonical spelling (bf16, not bfloat16) for logs, reports and the latents file's attribute.
+  const std::string dtype =
+      io::run_dtype_name(io::parse_run_dtype(o.dtype.empty() ? default_dtype_for(o.device) : o.dtype));
+  request.dtype = io::parse_run_scalar_type(dtype);
   DP_CHECK(o.output_type == "png" || o.output_type == "latent", "--output-type: expected png or latent, got '",
            o.output_type, "'");
   request.validate();
   const bool decode = o.output_type == "png";
-  const auto out_dir = std::filesystem::path(o.out).parent_path();
-  DP_CHECK(out_dir.empty() || std::filesystem::is_directory(out_dir), "--out: folder ", out_dir.string(),
-           " does not exist");
-  const auto report_dir = std::filesystem::path(o.report_json).parent_path();
-  DP_CHECK(report_dir.empty() || std::filesystem::is_directory(report_dir), "--report-json: folder ",
-           report_dir.string(), " does not exist");
+  const std::string out = output_path_for(o);
+  const int64_t outputs_count = decode ? request.batch() : 1;
+  std::vector<std::string> out_paths;
+  for (int64_t i = 0; i < outputs_count; ++i)
+    out_paths.push_back(writes_in_place(out) ? out : numbered_path(out, i, outputs_count));
+  if (world.is_coordinator()) {  // the one rank that writes
+    for (const auto& path : out_paths) check_output_option("--out", path);
+    if (!o.report_json.empty()) check_output_option("--report-json", o.report_json);
+  }
+  request.device = usable_device(o.device);
+  const at::Device this_rank_device =
+      request.device.is_cuda() ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank())) : request.device;
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
   const auto grid = flux.resolve_image_size(request);
+  check_memory(request, dtype, flux, decode && world.is_coordinator(), this_rank_device);
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
           request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
-          request.seed, ", ", o.dtype, " on ", o.device);
+          request.seed, ", ", dtype, " on ", o.device);
   const auto started = std::chrono::steady_clock::now();
   std::vector<double> step_ends;
   std::vector<std::string> written;
@@ -130,7 +243,7 @@ void generate_on_this_rank(const GenerateOptions& o) {
       for (int64_t i = 0; i < images.size(0); ++i) {
         const at::Tensor image = images[i].contiguous();
         std::vector<uint8_t> pixels(image.data_ptr<uint8_t>(), image.data_ptr<uint8_t>() + image.numel());
-        written.push_back(numbered_path(o.out, i, images.size(0)));
+        written.push_back(out_paths[static_cast<size_t>(i)]);
         io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)));
       }
     };
@@ -146,9 +259,9 @@ void generate_on_this_rank(const GenerateOptions& o) {
                                  {"steps", static_cast<double>(request.steps)},
                                  {"guidance", request.guidance},
                                  {"num_images_per_prompt", static_cast<double>(request.num_images_per_prompt)}};
-      file.text_attributes = {{"dtype", o.dtype}, {"model", o.model}};
-      io::write_latents_hdf5(o.out, file);
-      written.push_back(o.out);
+      file.text_attributes = {{"dtype", dtype}, {"model", o.model}};
+      io::write_latents_hdf5(out_paths.front(), file);
+      written.push_back(out_paths.front());
     };
   }
   runtime::distributed_generate(flux, request, grid, o.runtime, outputs);
@@ -165,33 +278,43 @@ void generate_on_this_rank(const GenerateOptions& o) {
   }
   for (const auto& path : written) std::cout << "wrote " << path << "\n";
   if (!o.report_json.empty()) {
-    write_report_json(o, request, flux.reports(), step_ends, total);
+    write_report_json(o, dtype, request, flux.reports(), step_ends, total);
     std::cout << "wrote " << o.report_json << "\n";
   }
 }
 
 CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
+  using Request = pipeline::GenerateRequest;
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = root.add_subcommand("generate", kGenerateSummary);
   cmd->add_option("--model", o->model, "diffusers FLUX pipeline folder (model_index.json and components)")->required();
-  cmd->add_option("--prompt", o->prompts, "a prompt; repeat for several")->take_all();
+  cmd->add_option("--prompt", o->prompts,
+                  "one prompt (quote it when it has spaces: --prompt \"a cat on a mat\"); repeat for several")
+      ->allow_extra_args(false);
+  // Catches the words of an unquoted prompt, so that they are refused with a hint instead of becoming prompts.
+  cmd->add_option("stray-words", o->stray_words)->group("");
   cmd->add_option("--prompts-file", o->prompts_file, "file with one prompt a line (blank lines skipped)");
-  cmd->add_option("--num-images-per-prompt", o->num_images_per_prompt, "images per prompt")->capture_default_str();
+  cmd->add_option("--num-images-per-prompt", o->num_images_per_prompt,
+                  str("images per prompt; at most ", Request::kMaxImages, " images per run (prompts x this)"))
+      ->capture_default_str();
   cmd->add_option("--height", o->height,
                   "image height in pixels (default: from the model, 128 x the VAE's scale factor: 1024 for FLUX.1); "
-                  "a multiple of 2 x that factor (16 for FLUX.1), else rounded down with a warning, as diffusers");
-  cmd->add_option("--width", o->width, "image width in pixels (default and rounding as --height)");
-  cmd->add_option("--steps", o->steps, "denoising steps")->capture_default_str();
-  cmd->add_option("--guidance", o->guidance, "guidance scale (used when the transformer has a guidance embedding)")
+                  "a multiple of 2 x that factor (16 for FLUX.1), else rounded down with a warning, as diffusers; "
+                  + str("at most ", Request::kMaxImageSide));
+  cmd->add_option("--width", o->width, "image width in pixels (default, rounding and limit as --height)");
+  cmd->add_option("--steps", o->steps, str("denoising steps, 1 to ", Request::kMaxSteps))->capture_default_str();
+  cmd->add_option("--guidance", o->guidance,
+                  "guidance scale, a finite number (used when the transformer has a guidance embedding)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the CPU generator that draws the initial latents")->capture_default_str();
   cmd->add_option("--max-sequence-length", o->max_sequence_length, "T5 tokens, at most 512")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype,
+                  "fp32, bf16 or fp16; default fp32 on cpu (bf16 is many times slower there), bf16 on cuda");
   cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--out", o->out,
-                  "output path; several images are written as PATH-0.png, PATH-1.png ... (all images of the first "
-                  "prompt first)")
-      ->capture_default_str();
+                  "output path, default out.png (out.h5 with --output-type latent); its extension must match "
+                  "--output-type. Several images are written as PATH-0.png, PATH-1.png ... (all images of the first "
+                  "prompt first); a device or FIFO such as /dev/null takes them all in place");
   cmd->add_option("--output-type", o->output_type,
                   "png, or latent: packed latents (B, seq, 64) float32 in an HDF5 file, dataset 'latents'")
       ->capture_default_str();
@@ -218,8 +341,11 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->callback([o] {
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
-    world.run_guarded([&] { generate_on_this_rank(*o); });
+    world.run_guarded([&] { run_reporting_torch_errors([&] { generate_on_this_rank(*o); }); });
   });
+  cmd->footer(
+      "Checked before any work: the output paths (writable, not a directory), the limits above, and the memory\n"
+      "the activations need (estimated from the configs) against what the device has free.");
 });
 
 }  // namespace

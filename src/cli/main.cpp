@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -66,6 +67,8 @@ std::string torch_binary_path() {
 }  // namespace dp::cli
 
 int main(int argc, char** argv) {
+  // Ctrl-C, kill or a closed terminal during a write removes the half-written temporary (core/atomic_file.h).
+  dp::install_partial_file_cleanup();
   using dp::cli::registered_commands;
   auto& commands = registered_commands();
   std::sort(commands.begin(), commands.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
@@ -99,6 +102,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "diffpipe: error: out of memory (std::bad_alloc); a smaller request (size, batch, dtype) may fit\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "diffpipe: error: " << e.what() << "\n";
     return 1;

@@ -25,6 +25,7 @@ struct PlanOptions {
   std::string block_times_at = "1024x1024";
   std::string gpu_memory = "141GB";
   std::string cpu_memory = "128GB";
+  int world_size = 0;  // read only when --world-size was given
   bool as_json = false;
 };
 
@@ -195,7 +196,10 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
                   "per-device budgets: 0=16GB,1=16GB,cpu=64GB or FILE.json ({\"0\": \"16GB\"}). GB/MB/KB are powers\n"
                   "of 1000, GiB/MiB/KiB of 1024, plain integers are bytes. Devices left out get nothing.\n"
                   "Default: every GPU of the world at --gpu-memory, plus cpu at --cpu-memory");
-  cmd->add_option("--world-size", o->request.world_size, "number of GPUs (ranks); default: those --max-memory names");
+  auto* world_size = cmd->add_option(
+      "--world-size", o->world_size,
+      str("number of GPUs (ranks), 1 to ", placement::kMaxWorldSize,
+          "; left out, one past the highest GPU --max-memory names (1 without --max-memory)"));
   cmd->add_option("--height", o->request.timing.height, "image height for activation and time estimates")->capture_default_str();
   cmd->add_option("--width", o->request.timing.width, "image width")->capture_default_str();
   cmd->add_option("--batch", o->request.timing.batch, "images per micro-batch")->capture_default_str();
@@ -209,7 +213,10 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--cpu-memory", o->cpu_memory, "assumed host memory without --max-memory")->capture_default_str();
   cmd->add_flag("--json", o->as_json,
                 "print one JSON object (hf_device_map, pipeline_hf_device_map, devices, stage times)");
-  cmd->callback([o] { run_plan(*o); });
+  cmd->callback([o, world_size] {
+    if (world_size->count() > 0) o->request.world_size = o->world_size;
+    run_plan(*o);
+  });
 });
 
 }  // namespace

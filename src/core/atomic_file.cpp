@@ -1,24 +1,23 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <fstream>
 #include <mutex>
 
 #include "core/error.h"
 
 namespace dp {
 namespace {
-
-namespace fs = std::filesystem;
 
 // Live temporaries, in fixed storage a signal handler can walk without allocating or locking. A slot is
 // claimed under the mutex; the handler only reads the flag and the path and calls unlink (async-signal-safe).
@@ -30,16 +29,16 @@ struct Slot {
 std::array<Slot, kSlots> g_slots;
 std::mutex g_slots_mutex;
 
-int claim_slot(const std::string& path) {
-  if (path.size() >= sizeof(Slot::path)) return -1;
+void claim_slot(const std::string& path) {
+  if (path.size() >= sizeof(Slot::path)) return;
   std::lock_guard<std::mutex> lock(g_slots_mutex);
-  for (int i = 0; i < kSlots; ++i) {
-    if (g_slots[i].used.load()) continue;
-    std::memcpy(g_slots[i].path, path.c_str(), path.size() + 1);
-    g_slots[i].used.store(true);
-    return i;
+  for (auto& slot : g_slots) {
+    if (slot.used.load()) continue;
+    std::memcpy(slot.path, path.c_str(), path.size() + 1);
+    slot.used.store(true);
+    return;
   }
-  return -1;  // more than kSlots live temporaries: still removed on exceptions, not on signals
+  // More than kSlots live temporaries: still removed on exceptions, not on signals.
 }
 
 void release_slot(const std::string& path) {
@@ -53,49 +52,121 @@ void release_slot(const std::string& path) {
 }
 
 constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
-struct sigaction g_previous[3];
+constexpr int kCleanupSignalCount = 3;
+struct sigaction g_previous[kCleanupSignalCount];
 std::atomic<bool> g_installed{false};
 
 void remove_partial_files_and_reraise(int signal_number) {
+  const int saved_errno = errno;
   for (auto& slot : g_slots) {
     if (slot.used.load()) ::unlink(slot.path);
   }
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kCleanupSignalCount; ++i) {
     if (kCleanupSignals[i] == signal_number) ::sigaction(signal_number, &g_previous[i], nullptr);
   }
+  // Delivered when this handler returns (the signal is blocked while it runs), with the old disposition.
   ::raise(signal_number);
+  errno = saved_errno;
 }
+
+// Blocks the cleanup signals in this thread while a temporary is created and registered, so that no signal
+// can land between the two and leave an unregistered file behind.
+class CleanupSignalsBlocked {
+ public:
+  CleanupSignalsBlocked() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : kCleanupSignals) sigaddset(&set, s);
+    ::pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  }
+  ~CleanupSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  CleanupSignalsBlocked(const CleanupSignalsBlocked&) = delete;
+  CleanupSignalsBlocked& operator=(const CleanupSignalsBlocked&) = delete;
+
+ private:
+  sigset_t previous_;
+};
 
 std::string errno_text() { return std::strerror(errno); }
 
-fs::path directory_of(const std::string& path) {
-  fs::path dir = fs::path(path).parent_path();
-  return dir.empty() ? fs::path(".") : dir;
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// The mode a plain open(O_CREAT, 0666) would give: mkstemp creates 0600, which would hide outputs from the
-// group and others against the user's umask. Read from /proc (umask() itself changes process state).
-mode_t default_file_mode() {
-  std::FILE* status = std::fopen("/proc/self/status", "r");
-  unsigned mask = 022;
-  if (status != nullptr) {
-    char line[256];
-    while (std::fgets(line, sizeof line, status) != nullptr) {
-      if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
-    }
-    std::fclose(status);
+std::string file_name_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Where temporaries for non-regular targets go: their own folder (/dev) is usually not writable.
+std::string system_temp_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
+// What the target is, after following symlinks. `exists` is false when nothing (or a dangling link) is there.
+struct TargetStatus {
+  bool exists = false;
+  mode_t mode = 0;
+  bool regular() const { return exists && S_ISREG(mode); }
+  bool directory() const { return exists && S_ISDIR(mode); }
+};
+
+TargetStatus status_of(const std::string& path) {
+  struct stat st {};
+  TargetStatus status;
+  if (::stat(path.c_str(), &st) == 0) {
+    status.exists = true;
+    status.mode = st.st_mode;
   }
-  return static_cast<mode_t>(0666 & ~mask);
+  return status;
 }
 
-// Creates a unique empty file ".NAME.XXXXXX.partial" beside `target`; returns its path.
-std::string make_temporary(const std::string& target) {
-  const fs::path dir = directory_of(target);
-  std::string pattern = (dir / ("." + fs::path(target).filename().string() + ".XXXXXX.partial")).string();
+// A symlink is written through: the file it points at gets the data and the link stays a link. Anything
+// else (and a dangling link) is the path itself.
+std::string resolve_symlink(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+  char resolved[PATH_MAX];
+  return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+}
+
+// The mode a new output gets, as open(O_CREAT, 0666) would under the process's umask; read from
+// /proc/self/status because umask() can only be read by setting it, which races with other threads.
+mode_t new_file_mode() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) != 0) continue;
+    try {
+      return static_cast<mode_t>(0666 & ~std::stoul(line.substr(6), nullptr, 8));
+    } catch (const std::exception&) {
+      break;
+    }
+  }
+  return 0644;
+}
+
+// Creates a unique empty file ".NAME.XXXXXX.partial" in `dir` with `mode`, registered for removal on
+// signals when `register_for_signals`; returns its path.
+std::string make_temporary(const std::string& dir, const std::string& target, mode_t mode,
+                           bool register_for_signals) {
+  std::string pattern = (dir == "/" ? "" : dir) + "/." + file_name_of(target) + ".XXXXXX.partial";
+  const CleanupSignalsBlocked blocked;
   const int fd = ::mkstemps(pattern.data(), 8);
-  DP_CHECK(fd >= 0, target, ": cannot create a file in ", dir.string(), " (", errno_text(), ")");
-  ::fchmod(fd, default_file_mode());
+  DP_CHECK(fd >= 0, target, ": cannot create a file in ", dir, " (", errno_text(), ")");
+  // mkstemp makes the file 0600; the output should get the mode any other new (or the replaced) file would.
+  const int rc = ::fchmod(fd, mode);
+  const int saved = errno;
   ::close(fd);
+  if (rc != 0) {
+    ::unlink(pattern.c_str());
+    errno = saved;
+    DP_FAIL(target, ": cannot set the mode of ", pattern, " (", errno_text(), ")");
+  }
+  if (register_for_signals) claim_slot(pattern);
   return pattern;
 }
 
@@ -138,7 +209,7 @@ void copy_into(const std::string& temp, const std::string& target) {
     if (!failure.empty()) break;
   }
   ::close(in);
-  ::close(out);
+  if (::close(out) != 0 && failure.empty()) failure = "close failed (" + errno_text() + ")";
   DP_CHECK(failure.empty(), target, ": ", failure);
 }
 
@@ -146,27 +217,35 @@ void copy_into(const std::string& temp, const std::string& target) {
 
 void check_output_path(const std::string& path) {
   DP_CHECK(!path.empty(), "the output path is empty");
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (fs::is_directory(status)) DP_FAIL(path, ": is a directory; name a file to write");
-  const fs::path dir = directory_of(path);
-  DP_CHECK(fs::is_directory(dir), path, ": directory ", dir.string(), " does not exist");
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
-    // Written in place at commit: it must open for writing now.
-    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+  const std::string target = resolve_symlink(path);
+  const TargetStatus status = status_of(target);
+  DP_CHECK(!status.directory(), path, ": is a directory; name a file to write");
+  if (status.exists && !status.regular()) {
+    // Written in place at commit (the temporary goes to the system temp folder): it must open for writing.
+    // O_NONBLOCK: a FIFO without a reader answers ENXIO instead of blocking, and is still a valid target.
+    const int fd = ::open(target.c_str(), O_WRONLY | O_NONBLOCK);
     DP_CHECK(fd >= 0 || errno == ENXIO, path, ": cannot open for writing (", errno_text(), ")");
     if (fd >= 0) ::close(fd);
     return;
   }
+  const std::string dir = directory_of(target);
+  DP_CHECK(status_of(dir).directory(), path, ": directory ", dir, " does not exist");
   // A real attempt: permissions alone say yes to root on a read-only file system.
-  const std::string probe = make_temporary(path);
+  const std::string probe = make_temporary(dir, target, 0600, /*register_for_signals=*/false);
   ::unlink(probe.c_str());
 }
 
 AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   check_output_path(target_);
-  temp_ = make_temporary(target_);
-  claim_slot(temp_);
+  const std::string resolved = resolve_symlink(target_);
+  const TargetStatus status = status_of(resolved);
+  if (status.exists && !status.regular()) {
+    temp_ = make_temporary(system_temp_dir(), resolved, 0600, true);
+  } else {
+    // Replacing a file keeps its permissions; a new one gets the umask's.
+    const mode_t mode = status.regular() ? (status.mode & 07777) : new_file_mode();
+    temp_ = make_temporary(directory_of(resolved), resolved, mode, true);
+  }
 }
 
 AtomicFile::~AtomicFile() {
@@ -178,17 +257,17 @@ AtomicFile::~AtomicFile() {
 void AtomicFile::commit() {
   DP_CHECK(!committed_, target_, ": committed twice");
   try {
-    std::error_code ec;
-    const fs::file_status status = fs::status(target_, ec);
-    if (fs::exists(status) && !fs::is_regular_file(status)) {
-      DP_CHECK(!fs::is_directory(status), target_, ": is a directory; name a file to write");
-      copy_into(temp_, target_);
+    const std::string resolved = resolve_symlink(target_);
+    const TargetStatus status = status_of(resolved);
+    DP_CHECK(!status.directory(), target_, ": is a directory; name a file to write");
+    if (status.exists && !status.regular()) {
+      copy_into(temp_, resolved);
       ::unlink(temp_.c_str());
     } else {
       sync_path(temp_, false, target_);
-      DP_CHECK(::rename(temp_.c_str(), target_.c_str()) == 0, target_, ": cannot rename ", temp_, " over it (",
+      DP_CHECK(::rename(temp_.c_str(), resolved.c_str()) == 0, target_, ": cannot rename ", temp_, " over it (",
                errno_text(), ")");
-      sync_path(directory_of(target_).string(), true, target_);
+      sync_path(directory_of(resolved), true, target_);
     }
   } catch (...) {
     ::unlink(temp_.c_str());
@@ -223,11 +302,15 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 
 void install_partial_file_cleanup() {
   if (g_installed.exchange(true)) return;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kCleanupSignalCount; ++i) {
+    // A signal the process was started ignoring (nohup's SIGHUP, a background job's SIGINT) stays ignored:
+    // catching it would delete the temporaries of a run that then carries on and fails at commit.
+    ::sigaction(kCleanupSignals[i], nullptr, &g_previous[i]);
+    if (g_previous[i].sa_handler == SIG_IGN) continue;
     struct sigaction action {};
     action.sa_handler = remove_partial_files_and_reraise;
     sigemptyset(&action.sa_mask);
-    ::sigaction(kCleanupSignals[i], &action, &g_previous[i]);
+    ::sigaction(kCleanupSignals[i], &action, nullptr);
   }
 }
 

@@ -4,9 +4,12 @@
 //
 //   - The data goes to a unique temporary file in the target's directory (".NAME.XXXXXX.partial"), so two
 //     runs writing the same path never share a temporary.
-//   - commit() flushes it to disk, renames it over a regular (or absent) target and syncs the directory.
-//   - A non-regular target (/dev/null, a FIFO, a device) is never replaced: commit() copies the bytes into
-//     it in place, and its errors (ENOSPC from /dev/full) are reported.
+//   - commit() flushes it to disk, renames it over a regular (or absent) target and syncs the directory. The
+//     result has the mode the replaced file had, or the umask's for a new file (not mkstemp's 0600).
+//   - A non-regular target (/dev/null, a FIFO, a device) is never replaced: its temporary lives in $TMPDIR
+//     (or /tmp; /dev is not writable for most users) and commit() copies the bytes into the target in place,
+//     reporting its errors (ENOSPC from /dev/full).
+//   - A symlink is written through: the file it points at gets the data and the link stays.
 //   - A directory as target is refused before any work: check_output_path().
 //   - The temporary is removed when the writer is destroyed uncommitted (exceptions), and on SIGINT, SIGTERM
 //     or SIGHUP once install_partial_file_cleanup() has run.
@@ -44,7 +47,8 @@ void check_output_path(const std::string& path);
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
 // Makes SIGINT, SIGTERM and SIGHUP remove every live temporary before the process dies of the signal (the
-// previous disposition is then restored and the signal raised again). Idempotent.
+// previous disposition is then restored and the signal raised again). A signal the process ignores (nohup's
+// SIGHUP) stays ignored. Idempotent.
 void install_partial_file_cleanup();
 
 }  // namespace dp

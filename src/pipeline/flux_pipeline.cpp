@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -22,6 +23,7 @@
 #include "models/vae/vae.h"
 #include "pipeline/denoise_loop.h"
 #include "pipeline/device_stats.h"
+#include "pipeline/finite_check.h"
 #include "pipeline/flux_stage.h"
 #include "pipeline/stage_timer.h"
 
@@ -44,13 +46,19 @@ at::Tensor repeat_per_prompt(const at::Tensor& x, int n) { return x.repeat_inter
 
 void GenerateRequest::validate() const {
   DP_CHECK(!prompts.empty(), "no prompt given");
-  DP_CHECK(num_images_per_prompt >= 1, "--num-images-per-prompt must be at least 1, got ", num_images_per_prompt);
-  DP_CHECK(steps >= 1, "--steps must be at least 1, got ", steps);
+  DP_CHECK(num_images_per_prompt >= 1 && num_images_per_prompt <= kMaxImages,
+           "--num-images-per-prompt must be in [1, ", kMaxImages, "], got ", num_images_per_prompt);
+  DP_CHECK(batch() <= kMaxImages, "at most ", kMaxImages, " images per run (they run as one batch): ",
+           prompts.size(), " prompt(s) x ", num_images_per_prompt, " image(s) per prompt = ", batch());
+  DP_CHECK(steps >= 1 && steps <= kMaxSteps, "--steps must be in [1, ", kMaxSteps, "], got ", steps);
+  DP_CHECK(std::isfinite(guidance), "--guidance must be a finite number, got ", guidance);
   DP_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512,
            "--max-sequence-length must be in [1, 512] (FluxPipeline's cap), got ", max_sequence_length);
   // Rounding to the VAE's scale factor waits for the model folder (resolve_image_size); 0 means its default.
   DP_CHECK(height >= 0, "--height must be positive (or left out for the model's default), got ", height);
   DP_CHECK(width >= 0, "--width must be positive (or left out for the model's default), got ", width);
+  DP_CHECK(height <= kMaxImageSide && width <= kMaxImageSide, "--height and --width must be at most ", kMaxImageSide,
+           " pixels, got ", height, "x", width);
 }
 
 FluxPipeline::FluxPipeline(io::ModelFolder folder) : folder_(std::move(folder)) {}
@@ -144,6 +152,10 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
   job.microbatch_size = latents.size(0);  // the whole batch at once, as FluxPipeline runs it
   job.scheduler = &schedule.scheduler;
   LoopCallbacks callbacks;
+  const int steps = schedule.scheduler.num_inference_steps();
+  callbacks.check_step = [steps](int64_t, int step, const at::Tensor& stepped) {
+    check_step_latents(stepped, {step + 1, steps, ""});
+  };
   if (on_step) {
     callbacks.on_step = [&](const LoopProgress& p) {
       synchronize(request.device);

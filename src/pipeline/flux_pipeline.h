@@ -17,6 +17,13 @@
 namespace dp::pipeline {
 
 struct GenerateRequest {
+  // Hard limits, stated in `generate --help`. The memory estimate (memory_estimate.h) refuses most requests
+  // that are too large long before these; they bound what no estimate covers (time) and keep every size
+  // computation far from overflow.
+  static constexpr int kMaxSteps = 1000;            // the scheduler's training timesteps
+  static constexpr int kMaxImages = 256;            // prompts x images per prompt: one batch
+  static constexpr int64_t kMaxImageSide = 1000000;  // pixels; libpng's default limit for readers
+
   std::vector<std::string> prompts;
   int num_images_per_prompt = 1;
   // 0: the pipeline's default, default_sample_size x the VAE's scale factor (1024 for FLUX.1), which

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <exception>
 #include <iomanip>
 #include <string>
 #include <utility>
@@ -24,7 +25,8 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
 class StageTimer {
  public:
   StageTimer(std::string name, const at::Device& device, std::vector<StageReport>* reports)
-      : device_(device), reports_(reports), started_(std::chrono::steady_clock::now()) {
+      : device_(device), reports_(reports), started_(std::chrono::steady_clock::now()),
+        uncaught_at_start_(std::uncaught_exceptions()) {
     report_.name = std::move(name);
     reset_peak_resident();
     reset_peak_memory(device_);  // the process's first CUDA call lands here: context, allocator
@@ -33,16 +35,18 @@ class StageTimer {
       DP_INFO("stage ", report_.name, ": device ready after ", std::fixed, std::setprecision(3), ready,
               " s (its first use initialises it)");
   }
+  // Never throws: it runs while an error unwinds the stage, and a second exception then would end the
+  // process in std::terminate. A stage left by an exception is logged as failed, with no figures that could
+  // pass for a result, and gets no report.
   ~StageTimer() {
-    synchronize(device_);
-    report_.seconds = seconds_since(started_);
-    report_.peak_resident_bytes = peak_resident_bytes();
-    report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
-    DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
-            report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
-            device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
-    reports_->push_back(report_);
+    try {
+      finish();
+    } catch (...) {
+      // Logging itself failed (out of memory): nothing more can be said without risking std::terminate.
+    }
   }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
 
   // Runs `work` to completion on the device and logs how long it took, so a slow stage shows which part;
   // the time is also added to `*booked` when given.
@@ -65,9 +69,33 @@ class StageTimer {
   }
 
  private:
+  void finish() {
+    const double seconds = seconds_since(started_);
+    if (std::uncaught_exceptions() > uncaught_at_start_) {
+      DP_WARN("stage ", report_.name, " failed after ", std::fixed, std::setprecision(3), seconds, " s");
+      return;
+    }
+    try {
+      synchronize(device_);  // queued device work belongs to this stage's time (and may report its error)
+    } catch (const std::exception& e) {
+      const std::string what = e.what();  // a c10::Error's first line; its backtrace follows
+      DP_ERROR("stage ", report_.name, " failed after ", std::fixed, std::setprecision(3), seconds,
+               " s: waiting for the device failed: ", what.substr(0, what.find('\n')));
+      return;
+    }
+    report_.seconds = seconds_since(started_);
+    report_.peak_resident_bytes = peak_resident_bytes();
+    report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
+    DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
+            report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
+            device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
+    reports_->push_back(report_);
+  }
+
   at::Device device_;
   std::vector<StageReport>* reports_;
   std::chrono::steady_clock::time_point started_;
+  int uncaught_at_start_;  // std::uncaught_exceptions() at construction: more at destruction means unwinding
   StageReport report_;
 };
 

@@ -97,23 +97,38 @@ int64_t parse_memory_size_value(const nlohmann::json& value, const std::string& 
   return parse_memory_size(value.get<std::string>(), context);
 }
 
+namespace {
+
+// entries_ is sorted by device: lookups and inserts find their place by binary search, so a world of
+// thousands of GPUs costs n log n rather than a sort per insert and a scan per lookup (plan --world-size).
+auto position_of(std::vector<std::pair<Device, int64_t>>& entries, const Device& device) {
+  return std::lower_bound(entries.begin(), entries.end(), device,
+                          [](const auto& entry, const Device& d) { return entry.first < d; });
+}
+auto position_of(const std::vector<std::pair<Device, int64_t>>& entries, const Device& device) {
+  return std::lower_bound(entries.begin(), entries.end(), device,
+                          [](const auto& entry, const Device& d) { return entry.first < d; });
+}
+
+}  // namespace
+
 void MaxMemory::set(const Device& device, int64_t bytes) {
   DP_CHECK(bytes >= 0, "max_memory[", to_string(device), "] = ", bytes, " must not be negative");
-  DP_CHECK(!has(device), "max_memory names device ", to_string(device), " twice");
-  entries_.emplace_back(device, bytes);
-  std::stable_sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const auto at = position_of(entries_, device);
+  DP_CHECK(at == entries_.end() || at->first != device, "max_memory names device ", to_string(device), " twice");
+  entries_.emplace(at, device, bytes);
 }
 
 bool MaxMemory::has(const Device& device) const {
-  for (const auto& [d, bytes] : entries_)
-    if (d == device) return true;
-  return false;
+  const auto at = position_of(entries_, device);
+  return at != entries_.end() && at->first == device;
 }
 
 int64_t MaxMemory::at(const Device& device) const {
-  for (const auto& [d, bytes] : entries_)
-    if (d == device) return bytes;
-  DP_FAIL("max_memory has no entry for device ", to_string(device));
+  const auto found = position_of(entries_, device);
+  DP_CHECK(found != entries_.end() && found->first == device, "max_memory has no entry for device ",
+           to_string(device));
+  return found->second;
 }
 
 std::vector<int> MaxMemory::gpu_indices() const {

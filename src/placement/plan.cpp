@@ -64,19 +64,25 @@ Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
 }
 
 int world_of(const PlanRequest& request) {
-  int inferred = 1;
-  if (request.max_memory) {
-    const auto gpus = request.max_memory->gpu_indices();
-    if (!gpus.empty()) inferred = gpus.back() + 1;
+  if (!request.world_size) {
+    int inferred = 1;
+    if (request.max_memory) {
+      const auto gpus = request.max_memory->gpu_indices();
+      if (!gpus.empty()) inferred = gpus.back() + 1;
+    }
+    DP_CHECK(inferred <= kMaxWorldSize, "--max-memory names GPU ", inferred - 1, ", which makes a world of ", inferred,
+             " GPUs; at most ", kMaxWorldSize, " are supported");
+    return inferred;
   }
-  if (request.world_size == 0) return inferred;
-  DP_CHECK(request.world_size > 0, "--world-size must be positive, got ", request.world_size);
+  const int world = *request.world_size;
+  DP_CHECK(world >= 1 && world <= kMaxWorldSize, "--world-size must be positive and at most ", kMaxWorldSize, ", got ",
+           world, " (leave it out to infer it from --max-memory)");
   if (request.max_memory) {
     for (int gpu : request.max_memory->gpu_indices())
-      DP_CHECK(gpu < request.world_size, "--max-memory key '", gpu, "': GPU ", gpu, " is not in the world of ",
-               request.world_size, " GPU(s) set by --world-size");
+      DP_CHECK(gpu < world, "--max-memory key '", gpu, "': GPU ", gpu, " is not in the world of ", world,
+               " GPU(s) set by --world-size");
   }
-  return request.world_size;
+  return world;
 }
 
 nlohmann::ordered_json devices_json(const MaxMemory& user, const MaxMemory& caps, const std::map<Device, int64_t>& weights,

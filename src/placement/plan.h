@@ -14,6 +14,10 @@
 
 namespace dp::placement {
 
+// The largest world a plan covers. Far beyond any pipeline of FLUX's 57 blocks, and small enough that every
+// per-GPU table and printed row stays instant.
+constexpr int kMaxWorldSize = 4096;
+
 struct PlanRequest {
   std::string model_dir;
   // auto | balanced | balanced_low_0 | sequential | pipeline | path of a JSON device map.
@@ -21,7 +25,8 @@ struct PlanRequest {
   std::string pipeline_device_map;               // "" (none) or "balanced"
   std::vector<std::string> pipeline_components;  // empty: every component with weights, as diffusers
   std::optional<MaxMemory> max_memory;           // absent: every GPU of the world at gpu_memory_bytes, plus cpu
-  int world_size = 0;                            // 0: the GPUs max_memory names (or 1)
+  // GPUs (ranks) in the world, 1 to kMaxWorldSize; absent: one past the highest GPU max_memory names (or 1).
+  std::optional<int> world_size;
   io::DType dtype = io::DType::BF16;
   TimingModel timing;
   int64_t gpu_memory_bytes = 141'000'000'000;  // assumed free memory per GPU when max_memory is absent (H200)

@@ -25,6 +25,7 @@
 #include "io/weight_index.h"
 #include "models/flux/flux_config.h"
 #include "pipeline/denoise_loop.h"
+#include "pipeline/finite_check.h"
 #include "pipeline/device_stats.h"
 #include "pipeline/flux_stage.h"
 #include "pipeline/stage_timer.h"
@@ -261,6 +262,12 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     job.microbatch_size = options.microbatch_size;
     job.scheduler = &schedule.scheduler;
     pipeline::LoopCallbacks callbacks;
+    // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
+    const int steps = schedule.scheduler.num_inference_steps();
+    const bool several_microbatches = latents.size(0) > options.microbatch_size;
+    callbacks.check_step = [steps, several_microbatches](int64_t microbatch, int step, const at::Tensor& stepped) {
+      pipeline::check_step_latents(stepped, {step + 1, steps, several_microbatches ? str("microbatch ", microbatch) : ""});
+    };
     if (outputs.on_step) {
       callbacks.on_step = [&](const pipeline::LoopProgress& p) {
         pipeline::synchronize(device);

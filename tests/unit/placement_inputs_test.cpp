@@ -204,7 +204,8 @@ TEST(PlanCli, BadInputsExitNonZeroWithAClearMessage) {
            {m + " --pipeline-device-map balanced --components text_encoder", {"text_encoder"}},
            {m + " --dtype int8", {"--dtype 'int8'"}},
            {m + " --height 1000", {"resolution 1000x1024", "multiples of 16"}},
-           {m + " --world-size 0 --max-memory 0=1GB --device-map pipeline --height 1024", {}},
+           {m + " --max-memory 0=1GB --device-map pipeline --height 1024", {}},  // world inferred: 1
+           {m + " --world-size 0", {"--world-size must be positive"}},
            {m + " --world-size -2", {"--world-size must be positive"}},
            {m + " --block-times 3.07", {"--block-times '3.07'", "DOUBLE_MS,SINGLE_MS"}},
            {m + " --block-times a,b", {"--block-times 'a,b'"}},

@@ -1,0 +1,64 @@
+#include "cli/torch_boundary.h"
+
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dp::cli {
+namespace {
+
+// Collects LibTorch's warnings instead of printing them (with their source locations) to stderr.
+class CollectedWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+// Newlines and runs of spaces folded into single spaces, ends trimmed.
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool space = c == '\n' || c == '\r' || c == '\t' || c == ' ';
+    if (space && (out.empty() || out.back() == ' ')) continue;
+    out += space ? ' ' : c;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+at::Device usable_device(const std::string& name) {
+  DP_CHECK(name == "cpu" || name == "cuda", "--device: expected cpu or cuda, got '", name, "'");
+  if (name == "cpu") return at::Device(at::kCPU);
+  // at::hasCUDA() only counts devices; initialising CUDA says why there are none (no driver, driver too old,
+  // a LibTorch built without CUDA). Its warnings are collected rather than printed with source locations.
+  CollectedWarnings warnings;
+  const c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  if (at::hasCUDA()) return at::Device(at::kCUDA);
+  std::string why = warnings.messages.empty() ? "no CUDA device is visible" : one_line(warnings.messages.front());
+  try {
+    at::globalContext().lazyInitDevice(at::kCUDA);
+  } catch (const c10::Error& e) {
+    why = one_line(e.what_without_backtrace());
+  }
+  if (why.back() != '.') why += '.';
+  DP_FAIL("--device cuda: CUDA cannot be used here: ", why, " Run with --device cpu.");
+}
+
+std::string default_dtype_for(const std::string& device) { return device == "cuda" ? "bf16" : "fp32"; }
+
+void run_reporting_torch_errors(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const c10::Error& e) {
+    DP_DEBUG("LibTorch error in full:\n", e.what());
+    // No [file:line] suffix: the location inside LibTorch helps nobody, and --log-level debug has it.
+    throw Error("LibTorch: " + one_line(e.what_without_backtrace()), "LibTorch", 0);
+  }
+}
+
+}  // namespace dp::cli
