@@ -412,6 +412,13 @@ void print_simulation_settings(const nlohmann::ordered_json& s) {
             << human_bytes(bytes["noise"].get<uint64_t>()) << "\n";
 }
 
+// A map's name for a table column: a JSON map by its file name.
+std::string map_label(const nlohmann::ordered_json& map) {
+  const std::string name = map["map"].get<std::string>();
+  const auto slash = name.rfind('/');
+  return (slash == std::string::npos ? name : name.substr(slash + 1)).substr(0, 16);
+}
+
 void print_simulation(const nlohmann::ordered_json& sim) {
   std::cout << "\nsimulated denoising ring (efficiency = images/s / (ranks x one GPU's images/s); bubble = idle "
                "share of stage time):\n";
@@ -420,7 +427,7 @@ void print_simulation(const nlohmann::ordered_json& sim) {
                "efficiency  busy per stage (rank:%)\n";
   char line[256];
   for (const auto& m : sim["maps"]) {
-    const std::string name = m["map"].get<std::string>().substr(0, 16);
+    const std::string name = map_label(m);
     if (m.contains("unsupported")) {
       std::cout << "  " << std::left << std::setw(16) << name << std::right << " not simulated: "
                 << m["unsupported"].get<std::string>() << "\n";
@@ -442,7 +449,7 @@ void print_simulation(const nlohmann::ordered_json& sim) {
                "/ in total (busy share)\n";
   for (const auto& m : sim["maps"]) {
     if (m.contains("unsupported")) continue;
-    std::cout << "  " << std::left << std::setw(16) << m["map"].get<std::string>().substr(0, 16) << std::right
+    std::cout << "  " << std::left << std::setw(16) << map_label(m) << std::right
               << " stages (" << m["stage_times_from"].get<std::string>() << "):";
     for (const auto& ms : m["stage_ms"]) {
       std::snprintf(line, sizeof(line), " %.2f", ms.get<double>());

@@ -321,6 +321,28 @@ TEST(PlanSimulate, JsonParsesAndAgreesWithTheLibrary) {
   EXPECT_NEAR(run["total_s"].get<double>(), simulate_ring(in).total_ms * 1e-3, 1e-12);
 }
 
+TEST(PlanSimulate, AMapTheRuntimeCannotRunIsNamedNotSimulated) {
+  // The seed's custom map keeps the last single blocks on cpu: two ranks, but no ring yet.
+  const std::string map = dp::test::source_dir() + "/configs/device_maps/flux_seed_custom.json";
+  auto result = plan("--world-size 2 --device-map " + map + " --simulate --prompts 2 --json 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto json = nlohmann::json::parse(result.output);
+  EXPECT_EQ(json["ranks"]["ranks"], 2);
+  EXPECT_NE(json["ranks"]["unsupported"].get<std::string>().find("\"cpu\""), std::string::npos) << json["ranks"];
+  const auto& maps = json["simulation"]["maps"];
+  ASSERT_EQ(maps.size(), 3u);
+  EXPECT_TRUE(maps[0].contains("unsupported"));
+  EXPECT_FALSE(maps[0].contains("runs"));
+  EXPECT_TRUE(maps[2].contains("runs")) << "pipeline is still simulated";
+  result = plan("--world-size 2 --device-map " + map + " --simulate");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("flux_seed_custom not simulated"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("the multi-rank runtime cannot run this map"), std::string::npos) << result.output;
+  result = plan("--world-size 2 --device-map " + map + " --simulate --stage-ms 1,2");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("cannot run as a ring"), std::string::npos) << result.output;
+}
+
 TEST(PlanSimulate, MicrobatchesOfSeveralImages) {
   // 3 prompts x 2 images in microbatches of 4: a full microbatch and one of 2 images, each stage taking
   // four images' time for the first (the plan is made for --microbatch-size, as generate makes it).
