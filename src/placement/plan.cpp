@@ -141,7 +141,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   std::map<Device, int64_t> weights, reserved;
   MaxMemory caps = max_memory;
   nlohmann::ordered_json transformer = {{"component", t.component.name}, {"total_bytes", t.tree.total_bytes()},
-                                        {"device_map", request.device_map}};
+                                        {"device_map", request.device_map}, {"config", t.config.to_json()}};
   if (parse_strategy(request.device_map, &strategy)) {
     const auto placed = place_with_strategy(t.tree, strategy, max_memory, user_set);
     hf_map = placed.device_map;
@@ -181,6 +181,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   const auto balanced = place_with_strategy(t.tree, Strategy::balanced, max_memory, user_set);
   comparison["balanced"] = timing_json("balanced", time_placement(units, t.tree,
       resolve_tensor_devices(t.tree, balanced.device_map, "balanced"), world_gpus, request.timing));
+  comparison["balanced"]["hf_device_map"] = map_json(balanced.device_map);
   try {
     const auto pipelined = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype);
     comparison["pipeline"] = timing_json("pipeline", time_placement(units, t.tree,
