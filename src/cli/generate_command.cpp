@@ -216,8 +216,7 @@ void generate_on_this_rank(const GenerateOptions& o) {
     if (!o.report_json.empty()) check_output_option("--report-json", o.report_json);
   }
   request.device = usable_device(o.device);
-  const at::Device this_rank_device =
-      request.device.is_cuda() ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank())) : request.device;
+  const at::Device this_rank_device = runtime::rank_device(request.device, world);
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);

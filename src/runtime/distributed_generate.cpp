@@ -184,10 +184,10 @@ void cap_device_memory(const RuntimeOptions& options, const World& world, const 
 #endif
 }
 
-// GPU local_rank % visible GPUs: one GPU per rank on a full node, several ranks on one GPU when there are
-// fewer GPUs than ranks (the one-GPU machine's seed-workflow reproduction).
-at::Device rank_device(const pipeline::GenerateRequest& request, const World& world) {
-  if (!request.device.is_cuda()) return request.device;
+}  // namespace
+
+at::Device rank_device(const at::Device& requested, const World& world) {
+  if (!requested.is_cuda()) return requested;
 #ifdef DIFFPIPE_HAVE_CUDA
   const int visible = static_cast<int>(at::cuda::device_count());
   DP_CHECK(visible > 0, "--device cuda, but rank ", world.rank(), " on ", world.host(), " sees no CUDA device");
@@ -196,6 +196,8 @@ at::Device rank_device(const pipeline::GenerateRequest& request, const World& wo
   DP_FAIL("--device cuda: this build has no CUDA support");
 #endif
 }
+
+namespace {
 
 void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
                const RuntimeOptions& options, const Outputs& outputs, World& world,
@@ -216,7 +218,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   if (world.is_coordinator()) DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
   if (world.uses_mpi()) transport = std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
 
-  const at::Device device = rank_device(request, world);
+  const at::Device device = rank_device(request.device, world);
   cap_device_memory(options, world, device);
   const placement::RankStage* mine = layout.stage_of(world.rank());
   double load_seconds = 0;

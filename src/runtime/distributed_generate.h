@@ -12,6 +12,8 @@
 
 namespace dp::runtime {
 
+class World;
+
 struct RuntimeOptions {
   std::string device_map;   // strategy or JSON map; empty: "pipeline" (time-balanced) over the world
   std::string max_memory;   // --max-memory as `plan` reads it; empty: each rank's device memory
@@ -34,6 +36,10 @@ struct Outputs {
 // `grid` is the request's latent grid (FluxPipeline::resolve_image_size).
 void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                           const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs);
+
+// The device this rank computes on: `requested` itself on CPU; on CUDA, GPU local_rank % visible GPUs (one
+// GPU per rank on a full node, several ranks on one GPU when there are fewer GPUs than ranks).
+at::Device rank_device(const at::Device& requested, const World& world);
 
 // Identifies this build for the ranks' agreement check: version, git revision, compile time.
 std::string build_id();
