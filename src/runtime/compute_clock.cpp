@@ -2,6 +2,7 @@
 
 #ifdef DIFFPIPE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -32,6 +33,7 @@ void ComputeClock::begin() {
   host_started_ = std::chrono::steady_clock::now();
 #ifdef DIFFPIPE_HAVE_CUDA
   if (on_device()) {
+    c10::cuda::CUDAGuard guard(device_);  // events belong to the device that is current when they are made
     const auto stream = at::cuda::getCurrentCUDAStream(device_.index()).stream();
     DP_CHECK(cudaEventCreate(&open_->start) == cudaSuccess && cudaEventCreate(&open_->stop) == cudaSuccess,
              "cannot create CUDA events to time compute on ", device_.str());
@@ -45,15 +47,17 @@ void ComputeClock::end(int step) {
   open_->step = step;
   open_->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - host_started_).count();
 #ifdef DIFFPIPE_HAVE_CUDA
-  if (on_device())
+  if (on_device()) {
+    c10::cuda::CUDAGuard guard(device_);
     DP_CHECK(cudaEventRecord(open_->stop, at::cuda::getCurrentCUDAStream(device_.index()).stream()) == cudaSuccess,
              "cudaEventRecord failed on ", device_.str());
+  }
 #endif
   pending_.push_back(std::move(open_));
 }
 
 void ComputeClock::collect(RankTimes& times, bool wait, double timeout_seconds) {
-  const auto started = std::chrono::steady_clock::now();
+  [[maybe_unused]] const auto started = std::chrono::steady_clock::now();
   while (!pending_.empty()) {
     Span& span = *pending_.front();
     double seconds = span.host_seconds;

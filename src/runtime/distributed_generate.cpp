@@ -335,7 +335,12 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     };
     if (outputs.on_step) {
       callbacks.on_step = [&](const pipeline::LoopProgress& p) {
-        pipeline::synchronize(device);
+        // The step's latents come from the compute stream: waiting for that stream alone keeps the progress
+        // line honest without waiting for transfers in flight on the transport's streams (a device-wide sync
+        // would also wait for receives pre-posted for later steps).
+#ifdef DIFFPIPE_HAVE_CUDA
+        if (device.is_cuda()) at::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
         outputs.on_step(p);
       };
     }

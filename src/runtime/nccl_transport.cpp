@@ -24,6 +24,9 @@ constexpr size_t kMaxPendingSends = 16;
 // Messages whose tensors a rank starts receiving before it is asked for them: enough to keep the transfers of
 // the microbatches in flight going while this rank computes, few enough to bound the memory they take.
 constexpr size_t kMaxPrepostedMessages = 4;
+// The start-up transfer on every link: large enough that NCCL sets up every channel a ring message uses (it
+// connects channels lazily, as sizes first need them), so that no send in the ring waits on a connection.
+constexpr int64_t kConnectBytes = int64_t{64} << 20;
 // In a two-rank link communicator the sender is rank 0 and the receiver rank 1.
 constexpr int kSenderIndex = 0, kReceiverIndex = 1;
 
@@ -154,16 +157,18 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   if (grouped != ncclSuccess && grouped != ncclInProgress) check_nccl(grouped, nullptr, "ncclGroupEnd (init)");
   for (auto& channel : channels_) settle(*channel, "ncclCommInitRankConfig");
 
-  // NCCL connects the two ends of a link on its first transfer, which needs both ends inside NCCL at once.
-  // Doing it now for every link in one group, under the start-up timeout, keeps that rendezvous out of the ring,
-  // where a send must never wait for its receiver's host.
+  // NCCL connects the two ends of a link on its first transfers, which needs both ends inside NCCL at once.
+  // Doing it now for every link in one group (each rank in the same link order, so the rendezvous cannot form
+  // a cycle), under the start-up timeout, keeps it out of the ring.
   std::vector<at::Tensor> probes;
   check_nccl(ncclGroupStart(), nullptr, "ncclGroupStart");
   for (auto& channel : channels_) {
-    probes.push_back(at::zeros({1}, at::TensorOptions().device(device_).dtype(at::kByte)));
-    const ncclResult_t result =
-        channel->outbound ? ncclSend(probes.back().data_ptr(), 1, ncclUint8, kReceiverIndex, channel->comm, channel->stream)
-                          : ncclRecv(probes.back().data_ptr(), 1, ncclUint8, kSenderIndex, channel->comm, channel->stream);
+    probes.push_back(at::empty({kConnectBytes}, at::TensorOptions().device(device_).dtype(at::kByte)));
+    void* data = probes.back().data_ptr();
+    const size_t bytes = static_cast<size_t>(kConnectBytes);
+    const ncclResult_t result = channel->outbound
+                                    ? ncclSend(data, bytes, ncclUint8, kReceiverIndex, channel->comm, channel->stream)
+                                    : ncclRecv(data, bytes, ncclUint8, kSenderIndex, channel->comm, channel->stream);
     if (result != ncclSuccess && result != ncclInProgress) {
       ncclGroupEnd();
       check_nccl(result, channel.get(), channel->outbound ? "ncclSend (connect)" : "ncclRecv (connect)");
@@ -198,17 +203,16 @@ NcclTransport::~NcclTransport() {
   bool clean = !aborted_ && sends_.empty();
   for (auto& channel : channels_) clean = clean && channel->arriving.empty();
   if (clean) {
-    for (auto& channel : channels_) {
-      ncclResult_t state = ncclCommFinalize(channel->comm);
-      const auto deadline = Clock::now() + std::chrono::duration<double>(std::min(timeout_seconds_, 10.0));
-      while ((state == ncclSuccess || state == ncclInProgress) && Clock::now() < deadline) {
-        if (ncclCommGetAsyncError(channel->comm, &state) != ncclSuccess || state != ncclInProgress) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Finalize flushes each communicator's own operations; all are started, then polled together, bounded.
+    std::vector<ncclResult_t> states;
+    for (auto& channel : channels_) states.push_back(ncclCommFinalize(channel->comm));
+    const auto deadline = Clock::now() + std::chrono::duration<double>(std::min(timeout_seconds_, 10.0));
+    for (size_t i = 0; i < channels_.size() && clean; ++i) {
+      while (states[i] == ncclInProgress && Clock::now() < deadline) {
+        if (ncclCommGetAsyncError(channels_[i]->comm, &states[i]) != ncclSuccess) break;
+        if (states[i] == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      if (state != ncclSuccess) {
-        clean = false;
-        break;
-      }
+      clean = states[i] == ncclSuccess;
     }
   }
   for (auto& channel : channels_) {
@@ -234,6 +238,8 @@ NcclTransport::Channel* NcclTransport::channel_from(int peer) {
   return nullptr;
 }
 
+// The tensors are sent from their own storage, not a copy: the ring never changes a tensor in place after
+// sending it (each step makes new ones), and this transport keeps a reference until the transfer is done.
 void NcclTransport::send(int peer, Message message) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot send to rank ", peer);
   c10::cuda::CUDAGuard guard(device_);
@@ -431,6 +437,7 @@ void NcclTransport::flush() {
 }
 
 std::vector<TransferSpan> NcclTransport::take_transfer_spans() {
+  c10::cuda::CUDAGuard guard(device_);
   progress();
   std::vector<TransferSpan> out;
   out.swap(spans_);
@@ -471,6 +478,10 @@ void NcclTransport::settle(Channel& channel, const char* call) {
     check_nccl(ncclCommGetAsyncError(channel.comm, &state), &channel, "ncclCommGetAsyncError");
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) check_nccl(state, &channel, call);
+    // A call still in progress may be NCCL connecting this link, which needs the peer inside NCCL too; the peer
+    // may itself be waiting here for its own peer, so keep receiving meanwhile: a ring of ranks each waiting
+    // in a send would otherwise wait for ever.
+    progress();
     check_peers();
     if (std::chrono::duration<double>(Clock::now() - started).count() >= timeout_seconds_)
       fail(str("rank ", rank_, ": ", call, " on the link ", channel.outbound ? "to" : "from", " rank ", channel.peer,
