@@ -27,6 +27,8 @@ elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
 left() { echo $(( budget - ($(date +%s) - started) )); }
 status=0
 failed() { echo "CHECK FAILED: $*"; status=1; }
+# Runs a command killed at the end of the budget, so that one hung run cannot take the others' time or the logs.
+bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
 pack() {  # the logs and reports come back as one archive (a device call returns at most 8 files)
   tar czf "$out/logs.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='tiny' --exclude='flux-dev' . 2>/dev/null
 }
@@ -54,6 +56,10 @@ ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/bu
 bin="$build/diffpipe"
 ldd "$build/diffpipe-torch" | grep -E "libnccl|libtorch_cuda"
 elapsed "built"
+# The full-size folder (random weights, ~33 GB) is written in the background while the tiny runs use the GPU.
+model="$work/flux-dev"
+( bounded "$bin" make-random --arch flux-dev --pipeline --out "$model" > "$work/make-random.log" 2>&1 ) &
+make_random_job=$!
 
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$here"/.whl/h5py-*.whl 2>/dev/null \
   && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -74,18 +80,17 @@ PY
 nccl_logged() {  # LOG: the NCCL version line the coordinator logged, and the transport
   grep -oE "NCCL [0-9]+\.[0-9]+\.[0-9]+[^;]*|transport (nccl|mpi)" "$1" | sort -u | paste -sd';' -
 }
-mpi_run() { mpirun --allow-run-as-root --oversubscribe "$@"; }
 
 # 1. Tiny pipeline on CUDA, fp32: neither the ranks nor the transport may change the result.
 tiny="$work/tiny"
 "$bin" make-tiny --out "$tiny" > "$work/make-tiny.log" 2>&1 || failed "make-tiny"
 tiny_args=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 --height 128
   --width 192 --steps 4 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 --transport-timeout 60)
-"$bin" "${tiny_args[@]}" --out "$work/tiny-1.h5" > "$work/tiny-1.log" 2>&1 || { failed "tiny, 1 rank"; tail -5 "$work/tiny-1.log"; }
+bounded "$bin" "${tiny_args[@]}" --out "$work/tiny-1.h5" > "$work/tiny-1.log" 2>&1 || { failed "tiny, 1 rank"; tail -5 "$work/tiny-1.log"; }
 for transport in nccl mpi; do
   for n in 2 3; do
     name="tiny-$n-$transport"
-    mpi_run -np $n "$bin" "${tiny_args[@]}" --transport $transport --out "$work/$name.h5" --report "$work/$name.json" \
+    bounded mpirun --allow-run-as-root --oversubscribe -np $n "$bin" "${tiny_args[@]}" --transport $transport --out "$work/$name.h5" --report "$work/$name.json" \
       > "$work/$name.log" 2>&1 || { failed "$name exited non-zero"; grep -E "error|failed|NCCL WARN" "$work/$name.log" | head -8; }
     echo "$name logged: $(nccl_logged "$work/$name.log")"
     grep -q "transport $transport" "$work/$name.log" || failed "$name did not log transport $transport"
@@ -97,11 +102,12 @@ for transport in nccl mpi; do
   done
 done
 elapsed "tiny runs"
+pack
 
 # 2. A rank killed with SIGKILL mid-run under NCCL.
 kill_check() {
   local log="$work/killed.log" victim=2 timeout=20
-  mpi_run -np 3 "$bin" generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 \
+  bounded mpirun --allow-run-as-root --oversubscribe -np 3 "$bin" generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 \
     --height 128 --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 \
     --transport nccl --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
   local job=$! waited=0
@@ -131,7 +137,7 @@ PY
   local code=0 deadline=$(( $(date +%s) + timeout + 40 ))
   while kill -0 $job 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 0.2; done
   if kill -0 $job 2>/dev/null; then
-    failed "killed rank: the job still ran $((timeout + 40)) s after rank $victim was killed"; kill -9 $job
+    failed "killed rank: the job still ran $((timeout + 40)) s after rank $victim was killed"; kill -TERM $job
   fi
   wait $job; code=$?
   local seconds
@@ -145,15 +151,15 @@ PY
 }
 kill_check
 elapsed "killed rank"
+pack
 
 # 3. Full size, when the time allows.
 if [ "$(left)" -lt 150 ]; then
   echo "full size skipped: $(left) s left of $budget (needs 150)"
+  kill $make_random_job 2>/dev/null
   exit $status
 fi
-model="$work/flux-dev"
-"$bin" make-random --arch flux-dev --pipeline --out "$model" > "$work/make-random.log" 2>&1 \
-  || { failed "make-random"; tail -5 "$work/make-random.log"; exit $status; }
+wait $make_random_job || { failed "make-random"; tail -5 "$work/make-random.log"; exit $status; }
 elapsed "full-size folder"
 full_args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height 768 --width 1360
   --steps 8 --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
@@ -169,14 +175,14 @@ for path in sorted(glob.glob(sys.argv[1] + ".rank*.json")):
           f"peak device {d['peak_device_bytes'] / 1e9:.1f} GB")
 PY
 }
-"$bin" "${full_args[@]}" --out "$work/full-1.h5" --report "$work/full-1.json" > "$work/full-1.log" 2>&1 \
+bounded "$bin" "${full_args[@]}" --out "$work/full-1.h5" --report "$work/full-1.json" > "$work/full-1.log" 2>&1 \
   || { failed "full size, 1 rank"; tail -8 "$work/full-1.log"; }
 grep -E "ms/step" "$work/full-1.log" | tail -1 | cut -c1-200
 elapsed "full size, 1 rank"
 for transport in nccl mpi; do
   if [ "$(left)" -lt 60 ]; then echo "full size over $transport skipped: $(left) s left"; continue; fi
   name="full-2-$transport"
-  mpi_run -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport $transport \
+  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport $transport \
     --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
     || { failed "$name exited non-zero"; grep -E "error|failed" "$work/$name.log" | head -6; }
   echo "$name logged: $(nccl_logged "$work/$name.log")"
@@ -188,5 +194,6 @@ for transport in nccl mpi; do
     failed "full size, bf16 cuda: 2 ranks over $transport differ from 1 rank"
   fi
   elapsed "full size, 2 ranks, $transport"
+  pack
 done
 exit $status
