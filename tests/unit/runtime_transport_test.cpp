@@ -1,12 +1,14 @@
-// The ring's wire header, shared by the MPI and NCCL transports: what one rank encodes another decodes to the
-// same message, and a header that could not have come from this build is refused, naming both ranks, before
-// anything is allocated from it.
+// The runtime's transport pieces that run without MPI or a GPU. The ring's wire header, shared by the MPI and
+// NCCL transports: what one rank encodes another decodes to the same message, and a header that could not have
+// come from this build is refused, naming both ranks, before anything is allocated from it. The choice of
+// transport. The compute clock's bookkeeping per step.
 #include <gtest/gtest.h>
 
 #include <limits>
 
 #include "core/error.h"
 #include "runtime/distributed_generate.h"
+#include "runtime/ring.h"
 #include "runtime/wire_header.h"
 
 namespace dp::runtime {
@@ -145,6 +147,31 @@ TEST(RuntimeTransportChoice, AutoNcclAndMpi) {
     EXPECT_THROW(choose_transport("nccl", true, 2), Error);
   }
   EXPECT_THROW(choose_transport("gloo", true, 2), Error);
+}
+
+TEST(RuntimeComputeClock, OnTheCpuEachSpanGoesToItsStep) {
+  ComputeClock clock(at::Device(at::kCPU));
+  EXPECT_FALSE(clock.on_device());
+  RankTimes times;
+  for (int step : {0, 2, 2}) {
+    clock.begin();
+    // Work the host clock can see: a few milliseconds of matrix products.
+    at::Tensor a = at::rand({128, 128});
+    for (int i = 0; i < 20; ++i) a = at::mm(a, a).tanh();
+    clock.end(step);
+  }
+  clock.collect(times, false, 1.0);
+  ASSERT_EQ(times.per_step.size(), 3u);
+  EXPECT_GT(times.per_step[0].compute_seconds, 0);
+  EXPECT_EQ(times.per_step[1].compute_seconds, 0);
+  EXPECT_GT(times.per_step[2].compute_seconds, 0);
+  EXPECT_DOUBLE_EQ(times.compute_seconds,
+                   times.per_step[0].compute_seconds + times.per_step[2].compute_seconds);
+  // Collected spans are not counted twice.
+  const double total = times.compute_seconds;
+  clock.collect(times, true, 1.0);
+  EXPECT_DOUBLE_EQ(times.compute_seconds, total);
+  EXPECT_THROW(clock.end(0), Error);  // end() without begin()
 }
 
 }  // namespace
