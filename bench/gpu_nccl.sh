@@ -10,7 +10,8 @@
 #      step from --report, latents against 1 rank. Skipped when less than 150 s remain.
 # Every run prints the NCCL version it logged. A failing part does not stop the others; the exit status is
 # non-zero when any check failed. $OUT gets summary.txt (this output) and logs.tar.gz (every log and report).
-#   bash bench/gpu_nccl.sh      (BUDGET_S, default 590: the seconds the whole call may take)
+#   mkdir -p .deps && cp -r ../shared/deps/nccl .deps/   (here, once; .deps/ is ignored: carry it)
+#   bash bench/gpu_nccl.sh      (on the GPU machine; BUDGET_S, default 590: the seconds the call may take)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/build-gpu/out}
@@ -20,7 +21,7 @@ exec > >(tee "$out/summary.txt") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # NCCL 2.30 lets several ranks of one communicator share a GPU only with this (experimental in NCCL).
-export NCCL_MULTI_RANK_GPU_ENABLE=1
+export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_DEBUG=WARN
 budget=${BUDGET_S:-590}
 started=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
@@ -94,6 +95,7 @@ for transport in nccl mpi; do
       > "$work/$name.log" 2>&1 || { failed "$name exited non-zero"; grep -E "error|failed|NCCL WARN" "$work/$name.log" | head -8; }
     echo "$name logged: $(nccl_logged "$work/$name.log")"
     grep -q "transport $transport" "$work/$name.log" || failed "$name did not log transport $transport"
+    grep -q "NCCL 2.30.7" "$work/$name.log" || failed "$name did not load NCCL 2.30.7"
     if same_latents "$work/tiny-1.h5" "$work/$name.h5"; then
       echo "tiny, cuda fp32: $n ranks over $transport bit-identical to 1 rank"
     else
