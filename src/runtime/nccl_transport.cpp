@@ -155,7 +155,13 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   }
   const ncclResult_t grouped = ncclGroupEnd();
   if (grouped != ncclSuccess && grouped != ncclInProgress) check_nccl(grouped, nullptr, "ncclGroupEnd (init)");
-  for (auto& channel : channels_) settle(*channel, "ncclCommInitRankConfig");
+  try {
+    for (auto& channel : channels_) settle(*channel, "ncclCommInitRankConfig");
+  } catch (const Error& e) {
+    // The usual cause where ranks share a GPU: an NCCL older than 2.30, or the variable not set.
+    DP_FAIL(e.what(), ". Ranks that share a GPU need NCCL 2.30 or newer with NCCL_MULTI_RANK_GPU_ENABLE=1 in "
+            "their environment; --transport mpi needs neither");
+  }
 
   // NCCL connects the two ends of a link on its first transfers, which needs both ends inside NCCL at once.
   // Doing it now for every link in one group (each rank in the same link order, so the rendezvous cannot form
