@@ -24,9 +24,9 @@ constexpr size_t kMaxPendingSends = 16;
 // Messages whose tensors a rank starts receiving before it is asked for them: enough to keep the transfers of
 // the microbatches in flight going while this rank computes, few enough to bound the memory they take.
 constexpr size_t kMaxPrepostedMessages = 4;
-// The start-up transfer on every link: large enough that NCCL sets up every channel a ring message uses (it
-// connects channels lazily, as sizes first need them), so that no send in the ring waits on a connection.
-constexpr int64_t kConnectBytes = int64_t{64} << 20;
+// The start-up transfer on every link. NCCL connects every channel to a peer on the first operation with that
+// peer, whatever its size; a small one does it.
+constexpr int64_t kConnectBytes = int64_t{1} << 20;
 // In a two-rank link communicator the sender is rank 0 and the receiver rank 1.
 constexpr int kSenderIndex = 0, kReceiverIndex = 1;
 
