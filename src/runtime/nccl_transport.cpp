@@ -246,7 +246,7 @@ NcclTransport::Channel* NcclTransport::channel_from(int peer) {
 
 // The tensors are sent from their own storage, not a copy: the ring never changes a tensor in place after
 // sending it (each step makes new ones), and this transport keeps a reference until the transfer is done.
-void NcclTransport::send(int peer, Message message) {
+void NcclTransport::send_unguarded(int peer, Message message) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot send to rank ", peer);
   c10::cuda::CUDAGuard guard(device_);
   auto out = std::make_unique<Outbound>();
@@ -385,7 +385,7 @@ void NcclTransport::progress() {
   }
 }
 
-Message NcclTransport::receive(int peer) {
+Message NcclTransport::receive_unguarded(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
   c10::cuda::CUDAGuard guard(device_);
   Channel* channel = channel_from(peer);
@@ -434,7 +434,21 @@ Message NcclTransport::receive(int peer) {
   return std::move(in->message);
 }
 
+void NcclTransport::send(int peer, Message message) {
+  guarded([&] { send_unguarded(peer, std::move(message)); });
+}
+
+Message NcclTransport::receive(int peer) {
+  Message message;
+  guarded([&] { message = receive_unguarded(peer); });
+  return message;
+}
+
 void NcclTransport::flush() {
+  guarded([&] { flush_unguarded(); });
+}
+
+void NcclTransport::flush_unguarded() {
   c10::cuda::CUDAGuard guard(device_);
   while (!sends_.empty()) {
     wait_until([&] { return send_finished(*sends_.front()); }, "delivery of a message", sends_.front()->peer);
@@ -444,7 +458,7 @@ void NcclTransport::flush() {
 
 std::vector<TransferSpan> NcclTransport::take_transfer_spans() {
   c10::cuda::CUDAGuard guard(device_);
-  progress();
+  guarded([&] { progress(); });
   std::vector<TransferSpan> out;
   out.swap(spans_);
   return out;
@@ -526,6 +540,16 @@ void NcclTransport::check_peers() {
 void NcclTransport::fail(const std::string& message) {
   abort_all();
   DP_FAIL(message);
+}
+
+template <typename Work>
+void NcclTransport::guarded(Work&& work) {
+  try {
+    work();
+  } catch (...) {
+    abort_all();  // whatever failed (a malformed header, CUDA, MPI, a peer's report), no communicator outlives it
+    throw;
+  }
 }
 
 void NcclTransport::abort_all() noexcept {

@@ -16,7 +16,6 @@
 #include <nccl.h>
 
 #include <deque>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +55,12 @@ class NcclTransport : public Transport {
   struct Outbound;  // a send in flight
   struct Inbound;   // a message whose tensors are being received
 
+  void send_unguarded(int peer, Message message);
+  Message receive_unguarded(int peer);
+  void flush_unguarded();
+  // Runs `work`; on any exception aborts every communicator before it propagates.
+  template <typename Work>
+  void guarded(Work&& work);
   Channel* channel_to(int peer);
   Channel* channel_from(int peer);
   // Moves finished sends out of the queue and starts receiving any message whose header has arrived.
