@@ -56,6 +56,12 @@ grep "diffpipe: NCCL" "$work/build.log" | tail -1
 ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
 bin="$build/diffpipe"
 ldd "$build/diffpipe-torch" | grep -E "libnccl|libtorch_cuda"
+# The executable links our libnccl ahead of LibTorch's copy; should something on this machine (LD_LIBRARY_PATH)
+# still resolve another one first, say so and preload ours, so that the runs below still test NCCL 2.30.7.
+if ! ldd "$build/diffpipe-torch" | grep -q "libnccl.so.2 => $nccl_prefix/lib/"; then
+  failed "link order: diffpipe-torch does not resolve libnccl.so.2 to $nccl_prefix/lib; using LD_PRELOAD"
+  export LD_PRELOAD=$nccl_prefix/lib/libnccl.so.2
+fi
 elapsed "built"
 # The full-size folder (random weights, ~33 GB) is written in the background while the tiny runs use the GPU.
 model="$work/flux-dev"
