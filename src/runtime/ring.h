@@ -37,6 +37,8 @@ class RingLayout {
 // Per-rank figures for --report, in total and per denoising step (summed over the step's microbatches).
 // On CUDA, compute is device time (CUDA events round the stage's forward); send and receive are device time
 // when the transport times its transfers on the device (NCCL: the transfer on its stream), else host time.
+// A device-timed send starts once the tensors are ready; a device-timed receive starts when it is posted, as
+// soon as the header arrives, so it also holds the sender's remaining compute: the send is the transfer.
 struct RankTimes {
   struct Step {
     double compute_seconds = 0;  // the stage's forward
