@@ -40,7 +40,7 @@ status=0
 # 1. Tiny pipeline on CUDA, fp32: ranks must not change the result.
 tiny="$out/tiny"; rm -rf "$tiny"; "$bin" make-tiny --out "$tiny" > /dev/null 2>&1
 tiny_args=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 --height 128
-  --width 192 --steps 4 --dtype fp32 --device cuda --output-type latent --microbatch-size 1)
+  --width 192 --steps 4 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 --transport mpi)
 "$bin" "${tiny_args[@]}" --out "$out/tiny-1.h5" > "$out/tiny-1.log" 2>&1 || { status=1; tail -5 "$out/tiny-1.log"; }
 for n in 2 3; do
   mpirun --allow-run-as-root --oversubscribe -np $n "$bin" "${tiny_args[@]}" --out "$out/tiny-$n.h5" \
@@ -60,7 +60,7 @@ if [ ! -f "$model/model_index.json" ]; then
 fi
 elapsed "full-size folder"
 full_args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height "$height"
-  --width "$width" --steps "$steps" --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
+  --width "$width" --steps "$steps" --guidance 3.5 --dtype bf16 --device cuda --output-type latent --transport mpi)
 "$bin" "${full_args[@]}" --out "$out/full-1.h5" --report "$out/report-1.json" > "$out/full-1.log" 2>&1 \
   || { status=1; tail -8 "$out/full-1.log"; }
 grep -E "ms/step|stage (encode|denoise): [0-9]" "$out/full-1.log" | tail -3

@@ -215,6 +215,9 @@ void generate_on_this_rank(const GenerateOptions& o) {
     for (const auto& path : out_paths) check_output_option("--out", path);
     if (!o.report_json.empty()) check_output_option("--report-json", o.report_json);
   }
+  // The transport is settled before the device is opened or anything loaded: --transport nccl on the CPU or
+  // without NCCL in the build fails here, in milliseconds.
+  runtime::choose_transport(o.runtime.transport, o.device == "cuda", world.size());
   request.device = usable_device(o.device);
   const at::Device this_rank_device = runtime::rank_device(request.device, world);
 
@@ -333,10 +336,17 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--transport-timeout", o->runtime.transport_timeout_seconds,
                   "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank)")
       ->capture_default_str();
+  cmd->add_option("--transport", o->runtime.transport,
+                  "how activations move between ranks: nccl (GPU to GPU with NCCL on a stream of their own, "
+                  "--device cuda only, in a build with NCCL), mpi (staged through host memory; CPU runs, CI) or "
+                  "auto (nccl when the device is cuda, this build has NCCL and there are several ranks; else mpi). "
+                  "Control messages always go over MPI; every rank must choose the same")
+      ->capture_default_str();
   cmd->add_option("--report", o->runtime.report_path,
-                  "each rank writes its figures as JSON (rank, blocks, load time, peak memory, bytes to and from "
-                  "its neighbours, compute/receive/send/idle seconds in total and per step); with N > 1 ranks "
-                  "beside PATH as PATH.rankR.json");
+                  "each rank writes its figures as JSON (rank, transport, blocks, load time, peak memory, bytes to "
+                  "and from its neighbours, compute/receive/send/idle seconds in total and per step; on cuda compute "
+                  "is device time from CUDA events, and so are send/receive over nccl); with N > 1 ranks beside PATH "
+                  "as PATH.rankR.json");
   cmd->callback([o] {
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);

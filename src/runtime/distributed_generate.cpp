@@ -32,6 +32,9 @@
 #include "placement/plan.h"
 #include "placement/ring_stages.h"
 #include "runtime/mpi_transport.h"
+#ifdef DIFFPIPE_HAVE_NCCL
+#include "runtime/nccl_transport.h"
+#endif
 #include "runtime/ring.h"
 #include "runtime/world.h"
 
@@ -124,7 +127,7 @@ std::string rank_report_path(const std::string& path, const World& world) {
 // --report: what this rank did in the denoising phase, per step, with its boundaries' traffic.
 void write_rank_report(const RuntimeOptions& options, const World& world, const RingLayout& layout,
                        const at::Device& device, const RankTimes& times, double load_seconds, uint64_t load_bytes,
-                       const Transport* transport) {
+                       const std::string& transport_name, const Transport* transport) {
   if (options.report_path.empty()) return;
   const placement::RankStage* stage = layout.stage_of(world.rank());
   nlohmann::ordered_json doc = {
@@ -133,6 +136,10 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"host", world.host()},
       {"local_rank", world.local_rank()},
       {"device", device.str()},
+      {"transport", transport_name},
+      // Which clock the seconds below are on: CUDA events (device time) or the host's.
+      {"compute_clock", device.is_cuda() ? "device" : "host"},
+      {"transfer_clock", transport && transport->times_transfers_on_device() ? "device" : "host"},
       {"role", world.is_coordinator() ? (stage ? "coordinator and stage" : "coordinator") : (stage ? "stage" : "idle")},
       {"blocks", stage ? nlohmann::ordered_json::array({stage->first_block, stage->last_block}) : nlohmann::ordered_json()},
       {"load_seconds", load_seconds},
@@ -149,6 +156,7 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"compute_seconds", times.compute_seconds},
       {"receive_seconds", times.wait_seconds},
       {"send_seconds", times.send_seconds},
+      {"host_wait_seconds", times.host_wait_seconds},
       {"idle_seconds", std::max(0.0, times.wall_seconds - times.compute_seconds - times.wait_seconds - times.send_seconds)},
       {"microbatch_steps", times.steps}};
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
@@ -197,16 +205,71 @@ at::Device rank_device(const at::Device& requested, const World& world) {
 #endif
 }
 
+std::string choose_transport(const std::string& requested, bool cuda_device, int world_size) {
+  DP_CHECK(requested == "auto" || requested == "nccl" || requested == "mpi", "--transport: expected auto, nccl or mpi, got '",
+           requested, "'");
+  if (requested == "mpi") return "mpi";
+  if (requested == "auto") return cuda_device && built_with_nccl() && world_size > 1 ? "nccl" : "mpi";
+  DP_CHECK(cuda_device, "--transport nccl moves tensors between GPUs and needs --device cuda; with --device cpu use "
+           "--transport mpi (or auto)");
+  DP_CHECK(built_with_nccl(), "--transport nccl: this diffpipe was built without NCCL (configure with nccl.h and "
+           "libnccl found, or -DDIFFPIPE_NCCL_ROOT=DIR); use --transport mpi (or auto)");
+  return "nccl";
+}
+
+bool built_with_nccl() {
+#ifdef DIFFPIPE_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace {
+
+// "NCCL 2.30.7" (with the library's path when `with_path`), or that this build has none.
+std::string nccl_version_text(bool with_path) {
+#ifdef DIFFPIPE_HAVE_NCCL
+  const std::string text = nccl_loaded_version();
+  return with_path ? text : text.substr(0, text.find(" ("));
+#else
+  (void)with_path;
+  return "no NCCL in this build";
+#endif
+}
+
+std::unique_ptr<Transport> make_transport(const std::string& name, const RingLayout& layout, const World& world,
+                                          const at::Device& device, const RuntimeOptions& options) {
+  if (name == "mpi") return std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
+#ifdef DIFFPIPE_HAVE_NCCL
+  // The boundaries that carry tensors: coordinator -> first stage (unless rank 0 runs it), stage -> stage, last
+  // stage -> coordinator. Ranks off the ring only hear a shutdown, which is control alone (MPI).
+  std::vector<NcclLink> links;
+  const auto& stages = layout.stages();
+  if (!layout.coordinator_runs_first_stage()) links.push_back({0, stages.front().rank});
+  for (size_t i = 1; i < stages.size(); ++i) links.push_back({stages[i - 1].rank, stages[i].rank});
+  if (stages.back().rank != 0) links.push_back({stages.back().rank, 0});
+  return std::make_unique<NcclTransport>(world.rank(), world.size(), options.transport_timeout_seconds, device, links);
+#else
+  DP_FAIL("rank ", world.rank(), ": transport ", name, " is not in this build");
+#endif
+}
 
 void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
                const RuntimeOptions& options, const Outputs& outputs, World& world,
                std::unique_ptr<Transport>& transport) {
   c10::InferenceMode guard;
+  const std::string transport_name = choose_transport(options.transport, request.device.is_cuda(), world.size());
   if (world.is_coordinator())
     DP_INFO("runtime: ", world.size(), " rank(s); ", world.uses_mpi() ? world.mpi_version() : "no MPI launcher",
-            "; LibTorch ", TORCH_VERSION, "; build ", build_id());
+            "; ", nccl_version_text(true), "; LibTorch ", TORCH_VERSION, "; build ", build_id(), "; transport ",
+            transport_name);
   world.agree("diffpipe build", build_id(), options.transport_timeout_seconds);
+  world.agree("transport (--transport, device, NCCL in the build)", transport_name, options.transport_timeout_seconds);
+  // One process holds one libnccl: the ranks must have loaded the same one (a node whose LibTorch's copy won
+  // would speak another NCCL).
+  if (transport_name == "nccl")
+    world.agree("NCCL version (the library loaded)", nccl_version_text(false), options.transport_timeout_seconds);
   world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size)",
               request_digest(request, options), options.transport_timeout_seconds);
   const std::string transformer_dir = flux.folder().component("transformer").path;
@@ -216,10 +279,9 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   world.agree("plan (device map and block ranges)", plan.digest, options.transport_timeout_seconds);
   const RingLayout layout(plan.stages, world.size());
   if (world.is_coordinator()) DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
-  if (world.uses_mpi()) transport = std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
-
   const at::Device device = rank_device(request.device, world);
   cap_device_memory(options, world, device);
+  if (world.uses_mpi()) transport = make_transport(transport_name, layout, world, device, options);
   const placement::RankStage* mine = layout.stage_of(world.rank());
   double load_seconds = 0;
   uint64_t load_bytes = 0;
@@ -238,11 +300,12 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
 
   if (!world.is_coordinator()) {
     auto stage = load_stage();  // while rank 0 encodes the prompts
-    const RankTimes times = run_stage_worker(world.rank(), layout, *transport, stage.get());
+    const RankTimes times = run_stage_worker(world.rank(), layout, *transport, stage.get(), device,
+                                             options.transport_timeout_seconds);
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get());
     return;
   }
 
@@ -254,7 +317,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
     auto stage = timer.loading("transformer load", load_stage);
     const pipeline::DenoiseSchedule schedule = flux.schedule(request, latents.size(1));
-    RingExecutor executor(layout, transport.get(), stage);
+    RingExecutor executor(layout, transport.get(), stage, device, options.transport_timeout_seconds);
     pipeline::DenoiseJob job;
     job.latents = latents;
     job.prompt_embeds = prompts.prompt_embeds;
@@ -272,7 +335,12 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     };
     if (outputs.on_step) {
       callbacks.on_step = [&](const pipeline::LoopProgress& p) {
-        pipeline::synchronize(device);
+        // The step's latents come from the compute stream: waiting for that stream alone keeps the progress
+        // line honest without waiting for transfers in flight on the transport's streams (a device-wide sync
+        // would also wait for receives pre-posted for later steps).
+#ifdef DIFFPIPE_HAVE_CUDA
+        if (device.is_cuda()) at::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
         outputs.on_step(p);
       };
     }
@@ -281,7 +349,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     executor.shutdown();
     RankTimes times = executor.times();
     times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get());
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",

@@ -19,6 +19,8 @@ struct RuntimeOptions {
   std::string max_memory;   // --max-memory as `plan` reads it; empty: each rank's device memory
   int64_t microbatch_size = 1;
   double transport_timeout_seconds = 300;
+  // --transport: auto, nccl or mpi (see choose_transport).
+  std::string transport = "auto";
   // --report: each rank writes its figures as JSON here (PATH.rankN.json beside it when there are N > 1 ranks).
   std::string report_path;
 };
@@ -40,6 +42,13 @@ void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::Generate
 // The device this rank computes on: `requested` itself on CPU; on CUDA, GPU local_rank % visible GPUs (one
 // GPU per rank on a full node, several ranks on one GPU when there are fewer GPUs than ranks).
 at::Device rank_device(const at::Device& requested, const World& world);
+
+// The transport a run uses, "nccl" or "mpi". auto: nccl when the device is CUDA, this build has NCCL and there
+// are several ranks; else mpi. Throws for an unknown name, and for nccl on the CPU or in a build without NCCL:
+// checked before anything is loaded.
+std::string choose_transport(const std::string& requested, bool cuda_device, int world_size);
+// Whether this build has the NCCL transport (compiled with DIFFPIPE_HAVE_NCCL).
+bool built_with_nccl();
 
 // Identifies this build for the ranks' agreement check: version, git revision, compile time.
 std::string build_id();

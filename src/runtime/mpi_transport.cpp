@@ -9,43 +9,14 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/failure_channel.h"
+#include "runtime/wire_header.h"
 
 namespace dp::runtime {
 namespace {
 
 constexpr int kDataTag = 1;
-constexpr int64_t kMagic = 0x6470697065727567;  // "dpiperug", arbitrary
-constexpr int64_t kVersion = 1;
-constexpr int kMaxTensors = 4;
-constexpr int kMaxDims = 4;
-constexpr int kTensorWords = 3 + kMaxDims;  // defined, dtype, ndim, dims
-constexpr int kHeaderWords = 5 + kMaxTensors * kTensorWords;
 constexpr int64_t kChunkBytes = int64_t{1} << 30;
 constexpr size_t kMaxPendingSends = 16;
-// No tensor the ring moves comes near this; a header claiming more is corrupt.
-constexpr int64_t kMaxTensorBytes = int64_t{64} << 30;
-
-const char* kind_names[] = {"?", "prompts", "step", "activations", "noise", "release", "shutdown"};
-
-int dtype_code(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return 0;
-    case at::kBFloat16: return 1;
-    case at::kHalf: return 2;
-    case at::kLong: return 3;
-    default: DP_FAIL("the transport does not carry tensors of dtype ", type);
-  }
-}
-
-at::ScalarType dtype_of(int64_t code, int source) {
-  switch (code) {
-    case 0: return at::kFloat;
-    case 1: return at::kBFloat16;
-    case 2: return at::kHalf;
-    case 3: return at::kLong;
-    default: DP_FAIL("message from rank ", source, ": unknown dtype code ", code);
-  }
-}
 
 void check_mpi(int code, const char* what) {
   if (code == MPI_SUCCESS) return;
@@ -65,11 +36,6 @@ void post_chunks(char* data, int64_t bytes, Post&& post) {
 
 }  // namespace
 
-const char* message_kind_name(MessageKind kind) {
-  const auto k = static_cast<int>(kind);
-  return k >= 1 && k <= 6 ? kind_names[k] : kind_names[0];
-}
-
 MpiTransport::MpiTransport(int rank, int world_size, double timeout_seconds)
     : rank_(rank), world_size_(world_size), timeout_seconds_(timeout_seconds) {
   DP_CHECK(timeout_seconds > 0, "--transport-timeout must be positive, got ", timeout_seconds);
@@ -84,29 +50,14 @@ MpiTransport::~MpiTransport() {
 
 void MpiTransport::send(int peer, Message message) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot send to rank ", peer);
-  DP_CHECK(message.tensors.size() <= kMaxTensors, "a message carries at most ", kMaxTensors, " tensors");
   auto pending = std::make_unique<PendingSend>();
   pending->peer = peer;
-  pending->header.assign(kHeaderWords, 0);
-  auto& h = pending->header;
-  h[0] = kMagic;
-  h[1] = (kVersion << 32) | static_cast<int64_t>(message.kind);
-  h[2] = message.microbatch;
-  h[3] = message.step;
-  h[4] = static_cast<int64_t>(message.tensors.size());
-  for (size_t i = 0; i < message.tensors.size(); ++i) {
-    int64_t* d = &h[5 + i * kTensorWords];
-    const at::Tensor& t = message.tensors[i];
-    if (!t.defined()) continue;
-    DP_CHECK(t.dim() <= kMaxDims, "a message tensor has at most ", kMaxDims, " dimensions, got ", t.dim());
-    d[0] = 1;
-    d[1] = dtype_code(t.scalar_type());
-    d[2] = t.dim();
-    for (int64_t k = 0; k < t.dim(); ++k) d[3 + k] = t.size(k);
-    pending->staged.push_back(t.to(at::kCPU).contiguous());
-  }
+  pending->header = wire::encode(message, rank_);
+  for (const auto& t : message.tensors)
+    if (t.defined()) pending->staged.push_back(t.to(at::kCPU).contiguous());
+  const auto& h = pending->header;
   pending->requests.emplace_back();
-  check_mpi(MPI_Isend(h.data(), kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD,
+  check_mpi(MPI_Isend(h.data(), wire::kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD,
                       &pending->requests.back()),
             "MPI_Isend (header)");
   for (auto& t : pending->staged) {
@@ -125,42 +76,21 @@ void MpiTransport::send(int peer, Message message) {
 
 Message MpiTransport::receive(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
-  std::vector<int64_t> h(kHeaderWords, 0);
+  std::vector<int64_t> words(wire::kHeaderWords, 0);
   std::vector<MPI_Request> requests(1);
-  check_mpi(MPI_Irecv(h.data(), kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD, &requests[0]),
+  check_mpi(MPI_Irecv(words.data(), wire::kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD, &requests[0]),
             "MPI_Irecv (header)");
   wait(requests, "message", peer);
-
-  // The header comes from another process: check everything before allocating.
-  const auto bad = [&](const auto&... what) { DP_FAIL("rank ", rank_, ": malformed message from rank ", peer, ": ", what...); };
-  if (h[0] != kMagic) bad("bad magic (another program on this communicator?)");
-  if ((h[1] >> 32) != kVersion) bad("wire version ", h[1] >> 32, ", this build speaks ", kVersion);
-  const int64_t kind = h[1] & 0xffffffff;
-  if (kind < 1 || kind > 6) bad("unknown kind ", kind);
-  if (h[4] < 0 || h[4] > kMaxTensors) bad(h[4], " tensors");
-  Message message;
-  message.kind = static_cast<MessageKind>(kind);
-  message.microbatch = h[2];
-  if (h[3] < std::numeric_limits<int32_t>::min() || h[3] > std::numeric_limits<int32_t>::max()) bad("step ", h[3]);
-  message.step = static_cast<int32_t>(h[3]);
+  const wire::Header header = wire::decode(words, rank_, peer);  // checked before anything is allocated
+  Message message{header.kind, header.microbatch, header.step, {}};
   requests.clear();
-  for (int64_t i = 0; i < h[4]; ++i) {
-    const int64_t* d = &h[5 + i * kTensorWords];
-    if (d[0] == 0) {
+  for (const auto& spec : header.tensors) {
+    if (!spec.defined) {
       message.tensors.emplace_back();
       continue;
     }
-    if (d[0] != 1 || d[2] < 0 || d[2] > kMaxDims) bad("tensor ", i, " descriptor");
-    std::vector<int64_t> shape(d + 3, d + 3 + d[2]);
-    int64_t numel = 1;
-    for (int64_t s : shape) {
-      if (s < 0 || (s > 0 && numel > kMaxTensorBytes / s)) bad("tensor ", i, " shape");
-      numel *= s;
-    }
-    const at::ScalarType type = dtype_of(d[1], peer);
-    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(type));
-    if (bytes > kMaxTensorBytes) bad("tensor ", i, " of ", bytes, " bytes");
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    at::Tensor t = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype));
+    const int64_t bytes = spec.bytes();
     post_chunks(static_cast<char*>(t.data_ptr()), bytes, [&](char* data, int count) {
       requests.emplace_back();
       check_mpi(MPI_Irecv(data, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD, &requests.back()),

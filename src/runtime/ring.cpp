@@ -13,6 +13,33 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// A device-timed transport's finished transfers, added to the send and receive figures.
+void add_transfer_spans(RankTimes& times, Transport* transport) {
+  if (transport == nullptr || !transport->times_transfers_on_device()) return;
+  for (const auto& span : transport->take_transfer_spans()) {
+    if (span.step < 0) continue;  // prompts: not a denoising step's traffic
+    if (span.outbound) {
+      times.send_seconds += span.seconds;
+      times.at_step(span.step).send_seconds += span.seconds;
+    } else {
+      times.wait_seconds += span.seconds;
+      times.at_step(span.step).receive_seconds += span.seconds;
+    }
+  }
+}
+
+// Host time spent in send or receive, for a transport whose transfers are not timed on the device.
+void add_host_transfer(RankTimes& times, const Transport& transport, int step, bool outbound, double seconds) {
+  if (transport.times_transfers_on_device()) return;
+  if (outbound) {
+    times.send_seconds += seconds;
+    if (step >= 0) times.at_step(step).send_seconds += seconds;
+  } else {
+    times.wait_seconds += seconds;
+    if (step >= 0) times.at_step(step).receive_seconds += seconds;
+  }
+}
+
 }  // namespace
 
 RankTimes::Step& RankTimes::at_step(int step) {
@@ -48,8 +75,10 @@ int RingLayout::next(int rank) const {
 }
 
 RingExecutor::RingExecutor(const RingLayout& layout, Transport* transport,
-                           std::shared_ptr<pipeline::FluxStage> local_stage)
-    : layout_(layout), transport_(transport), local_(std::move(local_stage)) {
+                           std::shared_ptr<pipeline::FluxStage> local_stage, const at::Device& device,
+                           double timeout_seconds)
+    : layout_(layout), transport_(transport), local_(std::move(local_stage)), clock_(device),
+      timeout_seconds_(timeout_seconds) {
   DP_CHECK(layout_.coordinator_runs_first_stage() == (local_ != nullptr),
            "the coordinator's first stage and the ring layout disagree");
 }
@@ -72,11 +101,10 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
     transport().send(layout_.first_rank(), {MessageKind::step, microbatch, step, std::move(inputs)});
     return;
   }
-  const auto started = std::chrono::steady_clock::now();
+  clock_.begin();
   auto outputs = local_->run(microbatch, inputs);
-  const double compute = seconds_since(started);
-  times_.compute_seconds += compute;
-  times_.at_step(step).compute_seconds += compute;
+  clock_.end(step);
+  clock_.collect(times_, false, timeout_seconds_);
   ++times_.at_step(step).microbatches;
   ++times_.steps;
   if (local_->is_last()) {
@@ -85,8 +113,7 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
   }
   const auto sending = std::chrono::steady_clock::now();
   transport().send(layout_.next(0), {MessageKind::activations, microbatch, step, std::move(outputs)});
-  times_.send_seconds += seconds_since(sending);
-  times_.at_step(step).send_seconds += seconds_since(sending);
+  add_host_transfer(times_, transport(), step, true, seconds_since(sending));
 }
 
 pipeline::StepResult RingExecutor::wait_result() {
@@ -97,8 +124,11 @@ pipeline::StepResult RingExecutor::wait_result() {
   }
   const auto started = std::chrono::steady_clock::now();
   Message message = transport().receive(layout_.last_rank());
-  times_.wait_seconds += seconds_since(started);
-  times_.at_step(message.step).receive_seconds += seconds_since(started);
+  times_.host_wait_seconds += seconds_since(started);
+  add_host_transfer(times_, transport(), message.step, false, seconds_since(started));
+  // A result consumed: the device spans that finished meanwhile are read without waiting.
+  clock_.collect(times_, false, timeout_seconds_);
+  add_transfer_spans(times_, transport_);
   DP_CHECK(message.kind == MessageKind::noise && message.tensors.size() == 1 && message.tensors[0].defined(),
            "rank 0: expected a noise prediction from rank ", layout_.last_rank(), ", got a ",
            message_kind_name(message.kind), " message with ", message.tensors.size(), " tensor(s)");
@@ -117,25 +147,34 @@ int RingExecutor::max_in_flight() const { return static_cast<int>(layout_.stages
 
 void RingExecutor::shutdown() {
   // Round the ring from its first worker, plus every rank without blocks.
-  if (layout_.world_size() == 1) return;
+  if (layout_.world_size() == 1) {
+    clock_.collect(times_, true, timeout_seconds_);
+    return;
+  }
   const int first_worker = local_ ? layout_.next(0) : layout_.first_rank();
   if (first_worker != 0) transport().send(first_worker, {MessageKind::shutdown, -1, -1, {}});
   for (int r = 1; r < layout_.world_size(); ++r)
     if (layout_.stage_of(r) == nullptr) transport().send(r, {MessageKind::shutdown, -1, -1, {}});
   transport().flush();
+  clock_.collect(times_, true, timeout_seconds_);
+  add_transfer_spans(times_, transport_);
 }
 
-RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage) {
+RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage,
+                           const at::Device& device, double timeout_seconds) {
   RankTimes times;
+  ComputeClock clock(device);
   const auto began = std::chrono::steady_clock::now();
   const int from = layout.previous(rank), to = layout.next(rank);
   for (;;) {
     const auto waiting = std::chrono::steady_clock::now();
     Message message = transport.receive(from);
     const double waited = seconds_since(waiting);
-    times.wait_seconds += waited;
-    if (message.kind == MessageKind::step || message.kind == MessageKind::activations)
-      times.at_step(message.step).receive_seconds += waited;
+    times.host_wait_seconds += waited;
+    const bool step_input = message.kind == MessageKind::step || message.kind == MessageKind::activations;
+    add_host_transfer(times, transport, step_input ? message.step : -1, false, waited);
+    clock.collect(times, false, timeout_seconds);
+    add_transfer_spans(times, &transport);
     const auto unexpected = [&] {
       DP_FAIL("rank ", rank, ": unexpected ", message_kind_name(message.kind), " message from rank ", from,
               stage ? "" : " (this rank holds no blocks)");
@@ -144,6 +183,8 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
       case MessageKind::shutdown:
         if (stage != nullptr && to != 0) transport.send(to, std::move(message));
         transport.flush();
+        clock.collect(times, true, timeout_seconds);
+        add_transfer_spans(times, &transport);
         times.wall_seconds = seconds_since(began);
         return times;
       case MessageKind::prompts:
@@ -157,19 +198,15 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
       case MessageKind::step:
       case MessageKind::activations: {
         if (stage == nullptr || (message.kind == MessageKind::step) != stage->is_first()) unexpected();
-        const auto started = std::chrono::steady_clock::now();
+        clock.begin();
         auto outputs = stage->run(message.microbatch, message.tensors);
-        const double compute = seconds_since(started);
-        auto& step = times.at_step(message.step);
-        times.compute_seconds += compute;
-        step.compute_seconds += compute;
-        ++step.microbatches;
+        clock.end(message.step);
+        ++times.at_step(message.step).microbatches;
         ++times.steps;
         const MessageKind kind = stage->is_last() ? MessageKind::noise : MessageKind::activations;
         const auto sending = std::chrono::steady_clock::now();
         transport.send(to, {kind, message.microbatch, message.step, std::move(outputs)});
-        times.send_seconds += seconds_since(sending);
-        step.send_seconds += seconds_since(sending);
+        add_host_transfer(times, transport, message.step, true, seconds_since(sending));
         break;
       }
       case MessageKind::noise:

@@ -8,6 +8,7 @@
 #include "pipeline/denoise_loop.h"
 #include "pipeline/flux_stage.h"
 #include "placement/ring_stages.h"
+#include "runtime/compute_clock.h"
 #include "runtime/transport.h"
 
 namespace dp::runtime {
@@ -34,16 +35,22 @@ class RingLayout {
 };
 
 // Per-rank figures for --report, in total and per denoising step (summed over the step's microbatches).
+// On CUDA, compute is device time (CUDA events round the stage's forward); send and receive are device time
+// when the transport times its transfers on the device (NCCL: the transfer on its stream), else host time.
+// A device-timed send starts once the tensors are ready; a device-timed receive starts when it is posted, as
+// soon as the header arrives, so it also holds the sender's remaining compute: the send is the transfer.
 struct RankTimes {
   struct Step {
-    double compute_seconds = 0;  // inside the stage's forward
-    double receive_seconds = 0;  // blocked waiting for this step's input (or, on rank 0, its result)
-    double send_seconds = 0;     // staging and queueing this step's output
+    double compute_seconds = 0;  // the stage's forward
+    double receive_seconds = 0;  // host: blocked waiting for this step's input (or, on rank 0, its result);
+                                 // device: the receiving transfers of this step
+    double send_seconds = 0;     // host: staging and queueing this step's output; device: its sending transfers
     int64_t microbatches = 0;
   };
   double compute_seconds = 0;
-  double wait_seconds = 0;  // blocked receiving, whatever the message
+  double wait_seconds = 0;  // receiving, whatever the message (host or device time, as above)
   double send_seconds = 0;
+  double host_wait_seconds = 0;  // the host blocked in receive, whatever the clock of the figures above
   int64_t steps = 0;        // microbatch steps this rank computed
   double wall_seconds = 0;  // the denoising phase on this rank, from its first wait to the shutdown
   std::vector<Step> per_step;
@@ -53,14 +60,17 @@ struct RankTimes {
 // The coordinator's executor. `local_stage` is the first stage when rank 0 runs it, else null.
 class RingExecutor : public pipeline::StageExecutor {
  public:
-  // transport may be null in a world of one (nothing is sent).
-  RingExecutor(const RingLayout& layout, Transport* transport, std::shared_ptr<pipeline::FluxStage> local_stage);
+  // transport may be null in a world of one (nothing is sent). `device` is the coordinator's (its compute is
+  // timed there); timeout_seconds bounds the final wait for the timing of queued device work.
+  RingExecutor(const RingLayout& layout, Transport* transport, std::shared_ptr<pipeline::FluxStage> local_stage,
+               const at::Device& device, double timeout_seconds);
   void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) override;
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override;
   pipeline::StepResult wait_result() override;
   void release(int64_t microbatch) override;
   int max_in_flight() const override;
-  // Ends the run on every other rank (shutdown round the ring and to idle ranks) and waits for delivery.
+  // Ends the run on every other rank (shutdown round the ring and to idle ranks), waits for delivery and for
+  // the timing of the device work to resolve.
   void shutdown();
   const RankTimes& times() const { return times_; }
 
@@ -70,10 +80,13 @@ class RingExecutor : public pipeline::StageExecutor {
   Transport* transport_;
   std::shared_ptr<pipeline::FluxStage> local_;
   std::vector<pipeline::StepResult> local_results_;
+  ComputeClock clock_;
+  double timeout_seconds_;
   RankTimes times_;
 };
 
 // A rank other than 0: runs its stage for every message until shutdown (idle ranks just wait for it).
-RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage);
+RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage,
+                           const at::Device& device, double timeout_seconds);
 
 }  // namespace dp::runtime

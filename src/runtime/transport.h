@@ -42,6 +42,13 @@ class RemoteFailure : public std::runtime_error {
   int rank_;
 };
 
+// The device seconds one finished transfer took (a transport that times on the device reports these).
+struct TransferSpan {
+  int step = -1;  // the denoising step of the message; -1 for prompts, release and shutdown
+  bool outbound = false;
+  double seconds = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -57,6 +64,10 @@ class Transport {
   // Bytes moved so far, for reports.
   virtual uint64_t bytes_sent() const = 0;
   virtual uint64_t bytes_received() const = 0;
+  // Whether send/receive seconds come from the device (CUDA events round each transfer) rather than the host.
+  virtual bool times_transfers_on_device() const { return false; }
+  // The spans of the transfers finished since the last call (device-timed transports only).
+  virtual std::vector<TransferSpan> take_transfer_spans() { return {}; }
 };
 
 }  // namespace dp::runtime

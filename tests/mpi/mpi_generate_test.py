@@ -13,6 +13,10 @@ Cases:
   map-too-big    a device map naming more GPUs than ranks, and a max_memory too small for the model, both end
                  non-zero at once with a message that says why.
   disagreement   ranks started with different --dtype fail on the plan check, naming the ranks.
+  transport-mpi  --transport mpi gives latents bit-identical to the default (auto, which is mpi on the CPU),
+                 and --report records the transport.
+  nccl-on-cpu    --transport nccl with --device cpu is refused on every rank before anything is loaded, with a
+                 message that says why and what to use instead.
   report         --report writes one JSON per rank with its blocks, traffic and per-step times, consistent
                  across ranks (what one rank sends the next receives).
 
@@ -244,9 +248,44 @@ def case_report(binary, model, tmp, ranks):
     print(f"{ranks} per-rank reports: blocks {[d['blocks'] for d in docs]}, bytes sent {[d['bytes_sent'] for d in docs]}")
 
 
+def case_transport_mpi(binary, model, tmp, ranks):
+    import json
+    outputs = {}
+    for transport in ("default", "mpi"):
+        out = tmp / f"{transport}.h5"
+        extra = ["--report", str(tmp / f"{transport}.json")] + ([] if transport == "default" else ["--transport", transport])
+        code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, out, extra))
+        if code != 0:
+            fail(f"--transport {transport} on {ranks} ranks exited {code}:\n{output}")
+        if "transport mpi" not in output:
+            fail(f"--transport {transport}: the start-up log does not name the transport mpi:\n{output}")
+        outputs[transport] = latents(out)
+        for r in range(ranks):
+            doc = json.loads((tmp / f"{transport}.rank{r}.json").read_text())
+            if doc.get("transport") != "mpi" or doc.get("compute_clock") != "host":
+                fail(f"--transport {transport}: rank {r}'s report says transport {doc.get('transport')}, "
+                     f"compute clock {doc.get('compute_clock')}")
+    if outputs["mpi"].shape != outputs["default"].shape or not np.array_equal(outputs["mpi"], outputs["default"]):
+        fail("--transport mpi differs from the default transport")
+    print(f"{ranks} ranks: --transport mpi bit-identical to the default; reports name the transport")
+
+
+def case_nccl_on_cpu(binary, model, tmp, ranks):
+    out = tmp / "n.h5"
+    expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(model, out, ["--transport", "nccl", "--device", "cpu"]),
+                           "--transport nccl with --device cpu", ["--transport nccl", "needs --device cuda",
+                                                                  "--transport mpi"])
+    if out.exists():
+        fail("a refused run left its output file")
+    # The same check holds in a single process, before the model folder is even opened.
+    code, output, _ = run([binary] + generate_args(tmp / "no-such-model", out, ["--transport", "nccl"]))
+    if code == 0 or "needs --device cuda" not in output:
+        fail(f"one process with --transport nccl on the CPU: exit {code}:\n{output}")
+
+
 CASES = {"equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
-         "report": case_report}
+         "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu}
 
 
 def main():

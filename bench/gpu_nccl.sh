@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# One call on the one-GPU machine (600 s in all): the NCCL transport with ranks sharing the H200.
+#   0. builds NCCL 2.30.7 (.deps/nccl/build.sh, a copy of ../shared/deps/nccl) while the project's rooms below
+#      the runtime compile, then the runtime and the CLI against that NCCL (Release, sm_90, no tests);
+#   1. tiny pipeline, fp32 on cuda: 1 rank, then 2 and 3 ranks over nccl and over mpi; latents bit-identical;
+#   2. a rank killed with SIGKILL mid-run under nccl: the job ends non-zero within the transport timeout and
+#      the output names the rank;
+#   3. FLUX.1-dev architecture at full size (random weights), bf16, 768x1360, 8 steps: 1 rank, then 2 ranks
+#      (--device-map auto --max-memory 0=16GB,1=16GB) over nccl and over mpi: ms/step, transfer seconds per
+#      step from --report, latents against 1 rank. Skipped when less than 150 s remain.
+# Every run prints the NCCL version it logged. A failing part does not stop the others; the exit status is
+# non-zero when any check failed. $OUT gets summary.txt (this output) and logs.tar.gz (every log and report).
+#   mkdir -p .deps && cp -r ../shared/deps/nccl .deps/   (here, once; .deps/ is ignored: carry it)
+#   bash bench/gpu_nccl.sh      (on the GPU machine; BUDGET_S, default 590: the seconds the call may take)
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$here/build-gpu/out}
+work=/tmp/gpu_nccl
+mkdir -p "$out" "$work"
+exec > >(tee "$out/summary.txt") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# NCCL 2.30 lets several ranks of one communicator share a GPU only with this (experimental in NCCL).
+export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_DEBUG=WARN
+budget=${BUDGET_S:-590}
+started=$(date +%s)
+elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
+left() { echo $(( budget - ($(date +%s) - started) )); }
+status=0
+failed() { echo "CHECK FAILED: $*"; status=1; }
+# Runs a command killed at the end of the budget, so that one hung run cannot take the others' time or the logs.
+bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
+pack() {  # the logs and reports come back as one archive (a device call returns at most 8 files)
+  tar czf "$out/logs.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='tiny' --exclude='flux-dev' . 2>/dev/null
+}
+trap pack EXIT
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+# 0. Build. NCCL compiles in the background while the rooms that do not see NCCL compile in the foreground.
+nccl_prefix=/tmp/nccl-2.30.7
+( bash "$here/.deps/nccl/build.sh" "$nccl_prefix" > "$work/nccl-build.log" 2>&1 ) &
+nccl_job=$!
+TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+build="$here/build-gpu"
+cmake_args=(-S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP"
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_BUILD_TESTS=OFF)
+cmake "${cmake_args[@]}" > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
+ninja -C "$build" diffpipe_pipeline diffpipe_fixtures >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
+elapsed "rooms below the runtime built"
+wait $nccl_job || { echo "NCCL build failed:"; tail -30 "$work/nccl-build.log"; exit 1; }
+elapsed "NCCL built in $nccl_prefix"
+# -U: the first configure cached the system NCCL (2.28); this one must find only ours.
+cmake "${cmake_args[@]}" -UDIFFPIPE_NCCL_INCLUDE_DIR -UDIFFPIPE_NCCL_LIBRARY -DDIFFPIPE_NCCL_ROOT="$nccl_prefix" \
+  >> "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
+grep "diffpipe: NCCL" "$work/build.log" | tail -1
+ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
+bin="$build/diffpipe"
+ldd "$build/diffpipe-torch" | grep -E "libnccl|libtorch_cuda"
+# The executable links our libnccl ahead of LibTorch's copy; should something on this machine (LD_LIBRARY_PATH)
+# still resolve another one first, say so and preload ours, so that the runs below still test NCCL 2.30.7.
+if ! ldd "$build/diffpipe-torch" | grep -q "libnccl.so.2 => $nccl_prefix/lib/"; then
+  failed "link order: diffpipe-torch does not resolve libnccl.so.2 to $nccl_prefix/lib; using LD_PRELOAD"
+  export LD_PRELOAD=$nccl_prefix/lib/libnccl.so.2
+fi
+elapsed "built"
+# The full-size folder (random weights, ~33 GB) is written in the background while the tiny runs use the GPU.
+model="$work/flux-dev"
+( bounded "$bin" make-random --arch flux-dev --pipeline --out "$model" > "$work/make-random.log" 2>&1 ) &
+make_random_job=$!
+
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$here"/.whl/h5py-*.whl 2>/dev/null \
+  && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+same_latents() {  # FILE_A FILE_B: exit 0 when bit-identical; prints the difference otherwise
+  python3 - "$1" "$2" <<'PY'
+import sys, h5py, numpy as np
+try:
+    a = np.asarray(h5py.File(sys.argv[1])["latents"]); b = np.asarray(h5py.File(sys.argv[2])["latents"])
+except OSError as e:
+    print(f"  cannot read latents: {e}"); sys.exit(1)
+if a.shape == b.shape and np.array_equal(a, b):
+    sys.exit(0)
+print(f"  shapes {a.shape} {b.shape}, max difference {np.abs(a - b).max() / np.abs(a).max():.3g} of the scale"
+      if a.shape == b.shape else f"  shapes {a.shape} {b.shape}")
+sys.exit(1)
+PY
+}
+nccl_logged() {  # LOG: the NCCL version line the coordinator logged, and the transport
+  grep -oE "NCCL [0-9]+\.[0-9]+\.[0-9]+[^;]*|transport (nccl|mpi)" "$1" | sort -u | paste -sd';' -
+}
+
+# 1. Tiny pipeline on CUDA, fp32: neither the ranks nor the transport may change the result.
+tiny="$work/tiny"
+"$bin" make-tiny --out "$tiny" > "$work/make-tiny.log" 2>&1 || failed "make-tiny"
+tiny_args=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 --height 128
+  --width 192 --steps 4 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 --transport-timeout 60)
+bounded "$bin" "${tiny_args[@]}" --out "$work/tiny-1.h5" > "$work/tiny-1.log" 2>&1 || { failed "tiny, 1 rank"; tail -5 "$work/tiny-1.log"; }
+for transport in nccl mpi; do
+  for n in 2 3; do
+    name="tiny-$n-$transport"
+    bounded mpirun --allow-run-as-root --oversubscribe -np $n "$bin" "${tiny_args[@]}" --transport $transport --out "$work/$name.h5" --report "$work/$name.json" \
+      > "$work/$name.log" 2>&1 || { failed "$name exited non-zero"; grep -E "error|failed|NCCL WARN" "$work/$name.log" | head -8; }
+    echo "$name logged: $(nccl_logged "$work/$name.log")"
+    grep -q "transport $transport" "$work/$name.log" || failed "$name did not log transport $transport"
+    grep -q "NCCL 2.30.7" "$work/$name.log" || failed "$name did not load NCCL 2.30.7"
+    if same_latents "$work/tiny-1.h5" "$work/$name.h5"; then
+      echo "tiny, cuda fp32: $n ranks over $transport bit-identical to 1 rank"
+    else
+      failed "tiny, cuda fp32: $n ranks over $transport differ from 1 rank"
+    fi
+  done
+done
+elapsed "tiny runs"
+pack
+
+# 2. A rank killed with SIGKILL mid-run under NCCL.
+kill_check() {
+  local log="$work/killed.log" victim=2 timeout=20
+  bounded mpirun --allow-run-as-root --oversubscribe -np 3 "$bin" generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 \
+    --height 128 --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 \
+    --transport nccl --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
+  local job=$! waited=0
+  until grep -q "step 1/1000" "$log" 2>/dev/null; do
+    sleep 0.2; waited=$((waited + 1))
+    if ! kill -0 $job 2>/dev/null || [ $waited -gt 600 ]; then
+      failed "killed rank: the run never reached step 1"; tail -8 "$log"; kill $job 2>/dev/null; return
+    fi
+  done
+  local pids
+  pids=$(python3 - $victim <<'PY'
+import os, pathlib, sys
+for proc in pathlib.Path("/proc").iterdir():
+    try:
+        if os.readlink(proc / "exe").endswith("diffpipe-torch") and \
+           f"OMPI_COMM_WORLD_RANK={sys.argv[1]}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+            print(proc.name)
+    except OSError:
+        pass
+PY
+)
+  [ -n "$pids" ] || { failed "killed rank: rank $victim's process not found"; kill $job; return; }
+  local killed_at
+  killed_at=$(date +%s.%N)
+  kill -9 $pids
+  # Bounded here too: a job that outlives the transport timeout by far is a hang.
+  local code=0 deadline=$(( $(date +%s) + timeout + 40 ))
+  while kill -0 $job 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 0.2; done
+  if kill -0 $job 2>/dev/null; then
+    failed "killed rank: the job still ran $((timeout + 40)) s after rank $victim was killed"; kill -TERM $job
+  fi
+  wait $job; code=$?
+  local seconds
+  seconds=$(python3 -c "import time; print(f'{time.time() - $killed_at:.1f}')")
+  echo "rank $victim killed with SIGKILL at step 1 under nccl: job exit $code, ended $seconds s later (timeout $timeout s)"
+  grep -E "rank $victim|error" "$log" | grep -v "^\[.*\] \[rank [01]\] \[info\]" | head -4
+  [ "$code" -ne 0 ] || failed "killed rank: the job exited 0"
+  python3 -c "import sys; sys.exit(0 if $seconds <= $timeout else 1)" || failed "killed rank: ended after $seconds s > $timeout s"
+  grep -q "rank $victim" "$log" || failed "killed rank: the output does not name rank $victim"
+  [ ! -e "$work/killed.h5" ] || failed "killed rank: the run left its output file"
+}
+kill_check
+elapsed "killed rank"
+pack
+
+# 3. Full size, when the time allows.
+if [ "$(left)" -lt 150 ]; then
+  echo "full size skipped: $(left) s left of $budget (needs 150)"
+  kill $make_random_job 2>/dev/null
+  exit $status
+fi
+wait $make_random_job || { failed "make-random"; tail -5 "$work/make-random.log"; exit $status; }
+elapsed "full-size folder"
+full_args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height 768 --width 1360
+  --steps 8 --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
+per_step() {  # REPORT_BASE: mean device send/receive seconds per step on each rank, from --report
+  python3 - "$1" <<'PY'
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + ".rank*.json")):
+    d = json.load(open(path)); steps = d["per_step"] or [{}]
+    mean = lambda key: sum(s.get(key, 0) for s in steps) / len(steps)
+    print(f"  rank {d['rank']} ({d['transport']}, compute {d['compute_clock']}, transfers {d['transfer_clock']} clock): "
+          f"per step compute {mean('compute_seconds') * 1e3:.1f} ms, send {mean('send_seconds') * 1e3:.1f} ms, "
+          f"receive {mean('receive_seconds') * 1e3:.1f} ms; {d['bytes_sent'] / 1e6:.0f} MB sent, "
+          f"peak device {d['peak_device_bytes'] / 1e9:.1f} GB")
+PY
+}
+bounded "$bin" "${full_args[@]}" --out "$work/full-1.h5" --report "$work/full-1.json" > "$work/full-1.log" 2>&1 \
+  || { failed "full size, 1 rank"; tail -8 "$work/full-1.log"; }
+grep -E "ms/step" "$work/full-1.log" | tail -1 | cut -c1-200
+elapsed "full size, 1 rank"
+for transport in nccl mpi; do
+  if [ "$(left)" -lt 60 ]; then echo "full size over $transport skipped: $(left) s left"; continue; fi
+  name="full-2-$transport"
+  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport $transport \
+    --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
+    || { failed "$name exited non-zero"; grep -E "error|failed" "$work/$name.log" | head -6; }
+  echo "$name logged: $(nccl_logged "$work/$name.log")"
+  grep -E "ms/step" "$work/$name.log" | tail -1 | cut -c1-200
+  per_step "$work/$name"
+  if same_latents "$work/full-1.h5" "$work/$name.h5"; then
+    echo "full size, bf16 cuda: 2 ranks over $transport bit-identical to 1 rank"
+  else
+    failed "full size, bf16 cuda: 2 ranks over $transport differ from 1 rank"
+  fi
+  elapsed "full size, 2 ranks, $transport"
+  pack
+done
+exit $status

@@ -1,0 +1,87 @@
+#include "runtime/compute_clock.h"
+
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <thread>
+
+#include "core/error.h"
+#include "runtime/ring.h"
+
+namespace dp::runtime {
+
+struct ComputeClock::Span {
+  int step = -1;
+  double host_seconds = 0;  // the CPU's span, known at end()
+#ifdef DIFFPIPE_HAVE_CUDA
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~Span() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  }
+#endif
+};
+
+ComputeClock::ComputeClock(const at::Device& device) : device_(device) {}
+ComputeClock::~ComputeClock() = default;
+
+void ComputeClock::begin() {
+  open_ = std::make_unique<Span>();
+  host_started_ = std::chrono::steady_clock::now();
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (on_device()) {
+    c10::cuda::CUDAGuard guard(device_);  // events belong to the device that is current when they are made
+    const auto stream = at::cuda::getCurrentCUDAStream(device_.index()).stream();
+    DP_CHECK(cudaEventCreate(&open_->start) == cudaSuccess && cudaEventCreate(&open_->stop) == cudaSuccess,
+             "cannot create CUDA events to time compute on ", device_.str());
+    DP_CHECK(cudaEventRecord(open_->start, stream) == cudaSuccess, "cudaEventRecord failed on ", device_.str());
+  }
+#endif
+}
+
+void ComputeClock::end(int step) {
+  DP_CHECK(open_ != nullptr, "ComputeClock::end() without begin()");
+  open_->step = step;
+  open_->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - host_started_).count();
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (on_device()) {
+    c10::cuda::CUDAGuard guard(device_);
+    DP_CHECK(cudaEventRecord(open_->stop, at::cuda::getCurrentCUDAStream(device_.index()).stream()) == cudaSuccess,
+             "cudaEventRecord failed on ", device_.str());
+  }
+#endif
+  pending_.push_back(std::move(open_));
+}
+
+void ComputeClock::collect(RankTimes& times, bool wait, double timeout_seconds) {
+  [[maybe_unused]] const auto started = std::chrono::steady_clock::now();
+  while (!pending_.empty()) {
+    Span& span = *pending_.front();
+    double seconds = span.host_seconds;
+#ifdef DIFFPIPE_HAVE_CUDA
+    if (on_device()) {
+      const cudaError_t state = cudaEventQuery(span.stop);
+      if (state == cudaErrorNotReady) {
+        if (!wait) return;
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        DP_CHECK(waited < timeout_seconds, "the device work of step ", span.step + 1, " on ", device_.str(),
+                 " did not finish within ", timeout_seconds, " s (--transport-timeout)");
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      DP_CHECK(state == cudaSuccess, "timing compute on ", device_.str(), ": ", cudaGetErrorString(state));
+      float ms = 0;
+      DP_CHECK(cudaEventElapsedTime(&ms, span.start, span.stop) == cudaSuccess, "cudaEventElapsedTime failed");
+      seconds = ms / 1e3;
+    }
+#endif
+    times.compute_seconds += seconds;
+    times.at_step(span.step).compute_seconds += seconds;
+    pending_.pop_front();
+  }
+}
+
+}  // namespace dp::runtime

@@ -1,0 +1,93 @@
+#pragma once
+// The ring's messages with their tensors moved device to device by NCCL; only built with DIFFPIPE_HAVE_NCCL.
+// The control part of a message (kind, microbatch, step, dtypes, shapes) is the wire header of
+// runtime/wire_header.h and still travels over MPI, so the receiver knows what to receive before it posts
+// its NCCL receives.
+//
+// Streams: each link has its own CUDA stream. A send makes the link's stream wait on an event recorded on the
+// sender's compute stream (the tensor is ready), and a receive returns only once the transfer's completion
+// event has fired, after making the receiver's compute stream wait on it. No device-wide synchronisation.
+//
+// Every wait polls (MPI requests, CUDA events, the communicators' async state) at most the transport
+// timeout; a failure reported by another rank also ends it. On an error or a timeout every communicator is
+// aborted (ncclCommAbort) before the exception that names the rank and NCCL's error leaves.
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/transport.h"
+
+namespace dp::runtime {
+
+// A directed ring boundary that carries tensors: `from` sends, `to` receives.
+struct NcclLink {
+  int from = 0, to = 0;
+};
+
+// "NCCL 2.30.7 (/path/libnccl.so.2)": the library this process actually loaded.
+std::string nccl_loaded_version();
+
+class NcclTransport : public Transport {
+ public:
+  // Collective over MPI_COMM_WORLD: every rank passes the same `links`. `device` is this rank's GPU.
+  NcclTransport(int rank, int world_size, double timeout_seconds, const at::Device& device,
+                const std::vector<NcclLink>& links);
+  ~NcclTransport() override;
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
+
+  void send(int peer, Message message) override;
+  Message receive(int peer) override;
+  void flush() override;
+  void report_failure(const std::string& reason) override;
+  uint64_t bytes_sent() const override { return bytes_sent_; }
+  uint64_t bytes_received() const override { return bytes_received_; }
+  bool times_transfers_on_device() const override { return true; }
+  std::vector<TransferSpan> take_transfer_spans() override;
+
+ private:
+  struct Channel;   // one communicator, one stream, one peer
+  struct Outbound;  // a send in flight
+  struct Inbound;   // a message whose tensors are being received
+
+  void send_unguarded(int peer, Message message);
+  Message receive_unguarded(int peer);
+  void flush_unguarded();
+  // Runs `work`; on any exception aborts every communicator before it propagates.
+  template <typename Work>
+  void guarded(Work&& work);
+  Channel* channel_to(int peer);
+  Channel* channel_from(int peer);
+  // Moves finished sends out of the queue and starts receiving any message whose header has arrived.
+  void progress();
+  void post_receive(Channel& channel);
+  bool send_finished(Outbound& send);
+  // Polls `done` until true, at most the timeout; `what` and `peer` name the wait in the error.
+  template <typename Done>
+  void wait_until(Done&& done, const std::string& what, int peer);
+  // Waits (bounded) until no NCCL call on `comm` is still in progress; throws on its async error.
+  void settle(Channel& channel, const char* call);
+  void check_nccl(ncclResult_t result, Channel* channel, const char* call);
+  void check_cuda(cudaError_t result, const char* call);
+  void check_peers();
+  // Aborts every communicator (idempotent) and throws `message`.
+  [[noreturn]] void fail(const std::string& message);
+  void abort_all() noexcept;
+
+  int rank_, world_size_;
+  double timeout_seconds_;
+  at::Device device_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::deque<std::unique_ptr<Outbound>> sends_;
+  std::vector<TransferSpan> spans_;
+  uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  bool aborted_ = false;
+  bool progressing_ = false;  // progress() runs inside waits that progress() itself may start
+};
+
+}  // namespace dp::runtime
