@@ -116,8 +116,7 @@ std::string bytes_or_dash(const nlohmann::ordered_json& value) {
 std::string ring_text(const nlohmann::ordered_json& ranks) {
   std::string text = ranks["ring"][0]["rank"].get<int>() == 0 ? "" : "rank 0";
   for (const auto& s : ranks["ring"])
-    text += str(text.empty() ? "" : " -> ", "rank ", s["rank"].get<int>(), " blocks [", s["first_block"].get<int64_t>(),
-                ", ", s["last_block"].get<int64_t>(), ")");
+    text += str(text.empty() ? "" : " -> ", s["text"].get<std::string>());
   return text + " -> rank 0";
 }
 

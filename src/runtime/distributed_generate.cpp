@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -28,6 +29,7 @@
 #include "pipeline/finite_check.h"
 #include "pipeline/device_stats.h"
 #include "pipeline/flux_stage.h"
+#include "pipeline/phase_guard.h"
 #include "pipeline/stage_timer.h"
 #include "placement/plan.h"
 #include "placement/ring_stages.h"
@@ -94,7 +96,7 @@ Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::Genera
   out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
   Fnv fnv;
   fnv.add(out.hf_device_map.dump());
-  for (const auto& s : out.stages) fnv.add(str(s.rank, ":", s.first_block, "-", s.last_block));
+  for (const auto& s : out.stages) fnv.add(placement::describe_stage(s));
   out.digest = plan_request.device_map + " " + fnv.hex();
   return out;
 }
@@ -111,7 +113,7 @@ std::string request_digest(const pipeline::GenerateRequest& request, const Runti
 
 std::string describe_stages(const std::vector<placement::RankStage>& stages) {
   std::string text;
-  for (const auto& s : stages) text += str(text.empty() ? "" : ", ", "rank ", s.rank, " blocks [", s.first_block, ", ", s.last_block, ")");
+  for (const auto& s : stages) text += str(text.empty() ? "" : ", ", placement::describe_stage(s));
   return text;
 }
 
@@ -199,6 +201,25 @@ at::Device rank_device(const at::Device& requested, const World& world) {
 
 namespace {
 
+// The offloaded blocks of a stage as the model takes them: "cpu" blocks wait in pinned host memory, "disk"
+// blocks in the mmapped safetensors file (accelerate's two offload tiers).
+std::map<int64_t, models::OffloadedWeights> offloaded_weights(const placement::RankStage& stage) {
+  std::map<int64_t, models::OffloadedWeights> out;
+  for (const auto& o : stage.offloaded)
+    out[o.block] = o.tier == placement::OffloadTier::cpu ? models::OffloadedWeights::pinned_host
+                                                         : models::OffloadedWeights::mapped_file;
+  return out;
+}
+
+void log_offload(const World& world, const pipeline::FluxStage* stage) {
+  if (stage == nullptr) return;
+  const auto stats = stage->offload_stats();
+  if (stats.copies == 0) return;
+  DP_INFO("rank ", world.rank(), ": ", stats.blocks, " offloaded block(s) streamed in ", stats.copies, " copies, ",
+          std::fixed, std::setprecision(1), stats.bytes / 1e6, " MB, ", std::setprecision(3), stats.copy_seconds,
+          " s of copy time on the side stream (", std::setprecision(1), stats.host_bytes / 1e6, " MB pinned on the host)");
+}
+
 void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
                const RuntimeOptions& options, const Outputs& outputs, World& world,
                std::unique_ptr<Transport>& transport) {
@@ -226,8 +247,11 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   const auto load_stage = [&]() -> std::shared_ptr<pipeline::FluxStage> {
     if (mine == nullptr) return nullptr;
     const auto started = std::chrono::steady_clock::now();
-    auto stage = std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block,
-                                                       request.dtype, device, grid, request.max_sequence_length);
+    const std::string phase = str("loading blocks [", mine->first_block, ", ", mine->last_block, ")");
+    auto stage = pipeline::run_phase(world.rank(), phase, [&] {
+      return std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block, request.dtype,
+                                                   device, grid, request.max_sequence_length, offloaded_weights(*mine));
+    });
     load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     load_bytes = stage->weight_bytes();
     DP_INFO("rank ", world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ", std::fixed,
@@ -238,7 +262,10 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
 
   if (!world.is_coordinator()) {
     auto stage = load_stage();  // while rank 0 encodes the prompts
-    const RankTimes times = run_stage_worker(world.rank(), layout, *transport, stage.get());
+    const RankTimes times = pipeline::run_phase(world.rank(), str("denoising (blocks [", mine ? mine->first_block : 0, ", ",
+                                                                 mine ? mine->last_block : 0, "))"),
+                                                [&] { return run_stage_worker(world.rank(), layout, *transport, stage.get()); });
+    log_offload(world, stage.get());
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
@@ -247,7 +274,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   }
 
   // The coordinator: encode, then its own stage, then the ring.
-  const auto prompts = flux.encode_prompts(request);
+  const auto prompts = pipeline::run_phase(0, "encoding prompts", [&] { return flux.encode_prompts(request); });
   const at::Tensor latents = flux.initial_latents(request, grid);
   at::Tensor final_latents;
   {
@@ -277,7 +304,8 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
       };
     }
     const auto began = std::chrono::steady_clock::now();
-    final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
+    final_latents = pipeline::run_phase(0, "denoising", [&] { return pipeline::run_denoise_loop(job, executor, callbacks); });
+    log_offload(world, stage.get());
     executor.shutdown();
     RankTimes times = executor.times();
     times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
@@ -288,7 +316,8 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
               transport->bytes_received() / 1e6, " MB received");
   }  // the coordinator's blocks are released before the VAE loads
   if (outputs.on_latents) outputs.on_latents(final_latents);
-  if (outputs.on_images) outputs.on_images(flux.decode(request, grid, final_latents));
+  if (outputs.on_images)
+    outputs.on_images(pipeline::run_phase(0, "decoding", [&] { return flux.decode(request, grid, final_latents); }));
 }
 
 }  // namespace
