@@ -152,8 +152,10 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
     const auto placed = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype);
     hf_map = placed.device_map;
     weights = placed.weights;
-    for (const auto& [d, w] : weights) reserved[d] = placed.workspace_bytes;  // activation workspace
+    // Activation workspace and what the CUDA allocator needs beyond the weights (stage_timing.h says what).
+    for (const auto& [d, w] : weights) reserved[d] = placed.workspace_bytes + placed.allocator_reserve_bytes;
     transformer["activation_workspace_bytes"] = placed.workspace_bytes;
+    transformer["allocator_reserve_bytes"] = placed.allocator_reserve_bytes;
   } else {
     DP_CHECK(fs::is_regular_file(request.device_map), "--device-map '", request.device_map,
              "' is neither a strategy (auto, balanced, balanced_low_0, sequential, pipeline) nor a JSON file");

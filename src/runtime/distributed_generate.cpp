@@ -142,6 +142,7 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"load_gb_per_s", load_seconds > 0 ? load_bytes / 1e9 / load_seconds : 0.0},
       {"peak_resident_bytes", peak_resident_bytes()},
       {"peak_device_bytes", device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0},
+      {"peak_device_reserved_bytes", pipeline::peak_reserved_bytes(device)},
       {"receives_from", world.is_coordinator() ? layout.last_rank() : layout.previous(world.rank())},
       {"sends_to", world.is_coordinator() ? (layout.coordinator_runs_first_stage() ? layout.next(0) : layout.first_rank())
                                           : layout.next(world.rank())},
@@ -276,6 +277,8 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   // The coordinator: encode, then its own stage, then the ring.
   const auto prompts = pipeline::run_phase(0, "encoding prompts", [&] { return flux.encode_prompts(request); });
   const at::Tensor latents = flux.initial_latents(request, grid);
+  // The text encoders' cached segments would otherwise be split by the blocks' weights and count against the cap.
+  pipeline::release_cached_memory(device);
   at::Tensor final_latents;
   {
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
@@ -315,6 +318,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
               transport->bytes_received() / 1e6, " MB received");
   }  // the coordinator's blocks are released before the VAE loads
+  pipeline::release_cached_memory(device);
   if (outputs.on_latents) outputs.on_latents(final_latents);
   if (outputs.on_images)
     outputs.on_images(pipeline::run_phase(0, "decoding", [&] { return flux.decode(request, grid, final_latents); }));
