@@ -581,6 +581,10 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--block-times-at", o->block_times_at, "resolution the block times were measured at")->capture_default_str();
   cmd->add_option("--tflops", o->request.timing.sustained_tflops, "sustained TFLOP/s for the FLOP-only estimate")
       ->capture_default_str();
+  cmd->add_flag("--cuda-caps", o->request.cuda_caps,
+                "plan as `generate --device cuda --max-memory` does, where max_memory also caps each rank's CUDA\n"
+                "allocator: auto/balanced/sequential place weights in each GPU's max_memory less the activations,\n"
+                "the allocator reserve and two streamed blocks (without it: exactly accelerate's map)");
   cmd->add_option("--gpu-memory", o->gpu_memory, "assumed free memory per GPU without --max-memory")->capture_default_str();
   cmd->add_option("--cpu-memory", o->cpu_memory, "assumed host memory without --max-memory")->capture_default_str();
   cmd->add_flag("--json", o->as_json,

@@ -63,6 +63,19 @@ Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
   return t;
 }
 
+}  // namespace
+
+int64_t runtime_holdback_bytes(const models::FluxConfig& config, const std::vector<TimedUnit>& units,
+                               const TimingModel& timing, io::DType dtype, int world) {
+  int64_t largest_block = 0;
+  for (const auto& unit : units)
+    if (unit.name.find("blocks.") != std::string::npos) largest_block = std::max(largest_block, unit.bytes);
+  return activation_workspace_bytes(config, timing, dtype, world) + allocator_reserve_bytes(config, dtype) +
+         2 * largest_block;
+}
+
+namespace {
+
 int world_of(const PlanRequest& request) {
   if (!request.world_size) {
     int inferred = 1;
@@ -143,7 +156,15 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   nlohmann::ordered_json transformer = {{"component", t.component.name}, {"total_bytes", t.tree.total_bytes()},
                                         {"device_map", request.device_map}, {"config", t.config.to_json()}};
   if (parse_strategy(request.device_map, &strategy)) {
-    const auto placed = place_with_strategy(t.tree, strategy, max_memory, user_set);
+    MaxMemory weight_budgets = max_memory;
+    if (request.cuda_caps) {
+      const int64_t holdback = runtime_holdback_bytes(t.config, units, request.timing, request.dtype, world);
+      weight_budgets = MaxMemory();
+      for (const auto& [device, bytes] : max_memory.entries())
+        weight_budgets.set(device, device.is_gpu() ? std::max<int64_t>(0, bytes - holdback) : bytes);
+      transformer["runtime_holdback_bytes"] = holdback;
+    }
+    const auto placed = place_with_strategy(t.tree, strategy, weight_budgets, user_set);
     hf_map = placed.device_map;
     weights = placed.weights;
     reserved = placed.reserved;

@@ -83,6 +83,8 @@ Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::Genera
   if (!options.max_memory.empty()) plan_request.max_memory = placement::read_max_memory_argument(options.max_memory);
   plan_request.world_size = world_size;
   plan_request.dtype = io::to_safetensors_dtype(request.dtype);
+  // On CUDA the caps are enforced, so accelerate's strategies must leave room beside the weights (plan --cuda-caps).
+  plan_request.cuda_caps = request.device.is_cuda() && !options.max_memory.empty();
   // The size the run computes (rounded as diffusers rounds it), in FLUX.1's 16-pixel units for the timing model.
   plan_request.timing.height = grid.height / 2 * 16;
   plan_request.timing.width = grid.width / 2 * 16;

@@ -365,6 +365,37 @@ TEST(PlanSimulate, AMapTheRuntimeCannotRunIsNamedNotSimulated) {
   EXPECT_NE(result.output.find("cannot run as a ring"), std::string::npos) << result.output;
 }
 
+// accelerate's auto fills each GPU with weights up to max_memory; on CUDA the runtime also caps the allocator
+// there, so `generate --device cuda --max-memory` (and `plan --cuda-caps`) place weights in max_memory less the
+// activations, the allocator reserve and the double buffer of streamed blocks.
+TEST(PlanCudaCaps, AutoLeavesRoomBesideTheWeightsOnCappedGpus) {
+  const std::string common = "--device-map auto --max-memory 0=8GB,1=8GB,cpu=64GB --height 768 --width 1360 --json";
+  auto result = plan(common + " 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto accelerate = nlohmann::json::parse(result.output);
+  result = plan(common + " --cuda-caps 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto capped = nlohmann::json::parse(result.output);
+  EXPECT_FALSE(accelerate["transformer"].contains("runtime_holdback_bytes")) << "without the flag: accelerate's map";
+  const int64_t holdback = capped["transformer"]["runtime_holdback_bytes"].get<int64_t>();
+  const auto config = models::FluxConfig::flux_dev();
+  const int64_t double_block = 2 * (2 * 6 * 3072LL * 3072 + 6 * 3072LL * 3072 + 2 * 3072LL * 3072 + 4 * 4 * 3072LL * 3072);
+  EXPECT_GE(holdback, allocator_reserve_bytes(config, io::DType::BF16) + 2 * double_block) << holdback;
+  EXPECT_LT(holdback, 3'000'000'000) << holdback;
+  for (int gpu = 0; gpu < 2; ++gpu) {
+    const int64_t weights = capped["devices"][gpu]["weights_bytes"].get<int64_t>();
+    EXPECT_LE(weights + holdback, 8'000'000'000) << "GPU " << gpu;
+    EXPECT_EQ(capped["devices"][gpu]["budget_bytes"], 8'000'000'000) << "the cap stays max_memory";
+  }
+  EXPECT_GT(accelerate["devices"][1]["weights_bytes"].get<int64_t>() + holdback, 8'000'000'000)
+      << "accelerate's own map leaves GPU 1 no room: the case the flag exists for";
+  // Every block still runs; the offloaded ones on rank 1, whose range they continue.
+  const auto& ring = capped["ranks"]["ring"];
+  ASSERT_EQ(ring.size(), 2u) << capped["ranks"];
+  EXPECT_EQ(ring[1]["last_block"], 57);
+  EXPECT_GT(ring[1]["offloaded"].size(), accelerate["ranks"]["ring"][1]["offloaded"].size());
+}
+
 TEST(PlanSimulate, MicrobatchesOfSeveralImages) {
   // 3 prompts x 2 images in microbatches of 4: a full microbatch and one of 2 images, each stage taking
   // four images' time for the first (the plan is made for --microbatch-size, as generate makes it).
