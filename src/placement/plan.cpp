@@ -170,7 +170,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
     reserved = placed.reserved;
     caps = placed.budgets;
   } else if (request.device_map == "pipeline") {
-    const auto placed = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype);
+    const auto placed = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype, request.cuda_caps);
     hf_map = placed.device_map;
     weights = placed.weights;
     // Activation workspace and what the CUDA allocator needs beyond the weights (stage_timing.h says what).
@@ -206,7 +206,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
       resolve_tensor_devices(t.tree, balanced.device_map, "balanced"), world_gpus, request.timing));
   comparison["balanced"]["hf_device_map"] = map_json(balanced.device_map);
   try {
-    const auto pipelined = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype);
+    const auto pipelined = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype, request.cuda_caps);
     comparison["pipeline"] = timing_json("pipeline", time_placement(units, t.tree,
         resolve_tensor_devices(t.tree, pipelined.device_map, "pipeline"), world_gpus, request.timing));
     comparison["pipeline"]["hf_device_map"] = map_json(pipelined.device_map);

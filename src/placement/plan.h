@@ -32,7 +32,8 @@ struct PlanRequest {
   // Plan as the runtime does on CUDA, where --max-memory also caps each rank's allocator: accelerate's
   // strategies (auto, balanced, ...) fill a GPU with weights up to its max_memory, which leaves a capped rank no
   // room for activations or for streaming offloaded blocks. With this set, every GPU's budget for weights is its
-  // max_memory less runtime_holdback_bytes() before the strategy places them (the cap stays max_memory).
+  // max_memory less runtime_holdback_bytes() before the strategy places them (the cap stays max_memory), and
+  // "pipeline" holds back the allocator reserve and rounding (plan_pipeline's cuda_caps).
   bool cuda_caps = false;
   int64_t gpu_memory_bytes = 141'000'000'000;  // assumed free memory per GPU when max_memory is absent (H200)
   int64_t cpu_memory_bytes = 128'000'000'000;

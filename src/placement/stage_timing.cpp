@@ -169,7 +169,7 @@ int64_t allocator_weight_bytes(int64_t bytes) {
 }
 
 PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTree& tree, const MaxMemory& max_memory,
-                                const TimingModel& timing, io::DType dtype) {
+                                const TimingModel& timing, io::DType dtype, bool cuda_caps) {
   std::vector<std::pair<Device, int64_t>> gpus;
   for (const auto& entry : max_memory.entries())
     if (entry.first.is_gpu() && entry.second > 0) gpus.push_back(entry);
@@ -179,7 +179,7 @@ PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTr
   const int k_max = static_cast<int>(gpus.size());
   PipelinePlacement out;
   out.workspace_bytes = activation_workspace_bytes(config, timing, dtype, std::min(k_max, n));
-  out.allocator_reserve_bytes = allocator_reserve_bytes(config, dtype);
+  out.allocator_reserve_bytes = cuda_caps ? allocator_reserve_bytes(config, dtype) : 0;
   // Each unit's weights as the allocator will reserve them (rounded per tensor).
   std::vector<int64_t> reserved_bytes(static_cast<size_t>(n), 0);
   for (const auto& tensor : tree.tensors_in_order()) {
@@ -187,7 +187,8 @@ PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTr
       bool in_unit = false;
       for (const auto& m : units[u].modules) in_unit = in_unit || under(tensor, m);
       if (!in_unit) continue;
-      reserved_bytes[static_cast<size_t>(u)] += allocator_weight_bytes(tree.tensor_bytes(tensor));
+      const int64_t bytes = tree.tensor_bytes(tensor);
+      reserved_bytes[static_cast<size_t>(u)] += cuda_caps ? allocator_weight_bytes(bytes) : bytes;
       break;
     }
   }

@@ -93,14 +93,17 @@ int64_t allocator_weight_bytes(int64_t tensor_bytes);
 struct PipelinePlacement {
   DeviceMap device_map;  // cleaned, hf_device_map style
   int64_t workspace_bytes = 0;
-  int64_t allocator_reserve_bytes = 0;  // held back from every GPU, beyond workspace_bytes (see above)
+  int64_t allocator_reserve_bytes = 0;  // held back from every GPU with cuda_caps, beyond workspace_bytes (see above)
   std::map<Device, int64_t> weights;
 };
 
 // The "pipeline" strategy over the GPUs of `max_memory` with a budget (in index order): a stage fits when its
-// weights as the allocator reserves them, the activation workspace and allocator_reserve_bytes fit the budget.
+// weights and the activation workspace fit the budget (with cuda_caps: its weights as the allocator reserves
+// them, the activation workspace and allocator_reserve_bytes).
 // Throws naming the budget when no contiguous split fits.
+// cuda_caps: the runtime on CUDA, where max_memory caps each rank's allocator; the allocator's rounding and
+// allocator_reserve_bytes are held back too (PlanRequest::cuda_caps; on CPU nothing caps the ranks).
 PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTree& tree, const MaxMemory& max_memory,
-                                const TimingModel& timing, io::DType dtype);
+                                const TimingModel& timing, io::DType dtype, bool cuda_caps = false);
 
 }  // namespace dp::placement

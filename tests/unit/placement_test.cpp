@@ -364,7 +364,8 @@ TEST(PlacementPipeline, HoldsBackTheAllocatorReserveOnCappedRanks) {
   TimingModel timing;
   timing.height = 768;
   timing.width = 1360;
-  const auto placed = plan_pipeline(config, tree, MaxMemory::parse("0=16GB,1=16GB"), timing, io::DType::BF16);
+  const auto placed = plan_pipeline(config, tree, MaxMemory::parse("0=16GB,1=16GB"), timing, io::DType::BF16,
+                                    /*cuda_caps=*/true);
   EXPECT_EQ(placed.allocator_reserve_bytes, reserve);
   for (const auto& [device, bytes] : placed.weights)
     EXPECT_LE(bytes + placed.workspace_bytes + reserve, 16'000'000'000) << to_string(device);
@@ -377,6 +378,15 @@ TEST(PlacementPipeline, HoldsBackTheAllocatorReserveOnCappedRanks) {
   }
   EXPECT_LT(blocks_on_rank0.size(), 27u) << "the 27-block split that ran out of its 16 GB cap";
   EXPECT_GE(blocks_on_rank0.size(), 20u) << "the reserve is hundreds of MB, not gigabytes";
+  // Without caps (a CPU run, or plan without --cuda-caps) the split is the one of bench/RESULTS.md.
+  const auto uncapped = plan_pipeline(config, tree, MaxMemory::parse("0=16GB,1=16GB"), timing, io::DType::BF16);
+  EXPECT_EQ(uncapped.allocator_reserve_bytes, 0);
+  std::set<std::string> uncapped_rank0;
+  const auto uncapped_devices = resolve_tensor_devices(tree, uncapped.device_map, "pipeline");
+  for (const auto& tensor : tree.tensors_in_order())
+    if (uncapped_devices.at(tensor) == Device::gpu(0) && tensor.find("blocks.") != std::string::npos)
+      uncapped_rank0.insert(tensor.substr(0, tensor.find('.', tensor.find("blocks.") + 7)));
+  EXPECT_EQ(uncapped_rank0.size(), 27u);
 }
 
 TEST(PlacementSeed, ExampleConfigsPlan) {
