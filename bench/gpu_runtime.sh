@@ -82,6 +82,10 @@ cap = float(caps[str(doc["rank"])].rstrip("GB")) * 1e9
 peak, reserved = doc["peak_device_bytes"], doc.get("peak_device_reserved_bytes", 0)
 print(f"  rank {doc['rank']}: peak allocated {peak / 1e9:.2f} GB, peak reserved {reserved / 1e9:.2f} GB, cap {cap / 1e9:.0f} GB:"
       f" {'under' if reserved <= cap else 'OVER'} the cap; compute {doc['compute_seconds']:.2f} s, load {doc['load_seconds']:.2f} s")
+if doc.get("offload_copies"):
+    print(f"    {doc['offloaded_blocks']} offloaded blocks: {doc['offload_copies']} copies, {doc['offload_bytes'] / 1e9:.2f} GB,"
+          f" {doc['offload_copy_seconds']:.3f} s of copies ({doc['offload_bytes'] / 1e9 / max(doc['offload_copy_seconds'], 1e-9):.1f} GB/s),"
+          f" {doc['offload_pinned_host_bytes'] / 1e9:.2f} GB pinned")
 PY
     done
     if [ $rc -eq 0 ]; then

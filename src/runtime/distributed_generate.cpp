@@ -128,7 +128,7 @@ std::string rank_report_path(const std::string& path, const World& world) {
 // --report: what this rank did in the denoising phase, per step, with its boundaries' traffic.
 void write_rank_report(const RuntimeOptions& options, const World& world, const RingLayout& layout,
                        const at::Device& device, const RankTimes& times, double load_seconds, uint64_t load_bytes,
-                       const Transport* transport) {
+                       const Transport* transport, const models::OffloadStats& offload) {
   if (options.report_path.empty()) return;
   const placement::RankStage* stage = layout.stage_of(world.rank());
   nlohmann::ordered_json doc = {
@@ -155,7 +155,13 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"receive_seconds", times.wait_seconds},
       {"send_seconds", times.send_seconds},
       {"idle_seconds", std::max(0.0, times.wall_seconds - times.compute_seconds - times.wait_seconds - times.send_seconds)},
-      {"microbatch_steps", times.steps}};
+      {"microbatch_steps", times.steps},
+      // Offloaded blocks this rank streamed to its GPU (all zero when it holds none, or on CPU).
+      {"offloaded_blocks", offload.blocks},
+      {"offload_copies", offload.copies},
+      {"offload_bytes", offload.bytes},
+      {"offload_copy_seconds", offload.copy_seconds},
+      {"offload_pinned_host_bytes", offload.host_bytes}};
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   for (size_t s = 0; s < times.per_step.size(); ++s) {
     const auto& step = times.per_step[s];
@@ -272,7 +278,8 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get(),
+                      stage ? stage->offload_stats() : models::OffloadStats{});
     return;
   }
 
@@ -314,7 +321,8 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     executor.shutdown();
     RankTimes times = executor.times();
     times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get(),
+                      stage ? stage->offload_stats() : models::OffloadStats{});
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
