@@ -4,6 +4,10 @@
 #   1. the tiny pipeline, fp32 on cuda: 1, 2 and 3 ranks must give bit-identical packed latents;
 #   2. FLUX.1-dev architecture at full size (random weights, make-random --pipeline, bf16): one rank, then
 #      two ranks each capped at 16 GB with the transformer split by "auto" and by "pipeline", --report per rank.
+#   3. offloaded blocks (issue 14 item 6): full size, 2 ranks, 4 steps (OFFLOAD_STEPS), the transformer split by
+#      "auto" with GPUs too small for it, so that its last blocks go to cpu (and disk): latents against one
+#      rank, each rank's peak device memory against its cap, ms/step and the copy time of the streamed blocks.
+#      OFFLOAD_ONLY=1 runs only this section (after the build).
 # Results (logs, per-rank reports, latents) go to $OUT. STEPS (default 8), HEIGHT/WIDTH (768x1360).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,6 +40,70 @@ ninja -C "$here/build-gpu" diffpipe_cli >> "$out/build.log" 2>&1 || { tail -40 "
 bin="$here/build-gpu/diffpipe"
 elapsed "built"
 status=0
+
+# 3. Offloaded blocks. accelerate's "auto" fills every GPU to its max_memory with weights, then cpu, then disk;
+# the runtime runs the offloaded blocks on the GPU rank whose range they continue (the last one) and streams
+# them in per use. On CUDA under caps it plans auto with each GPU's budget less the activations, the allocator
+# reserve and two streamed blocks (plan --cuda-caps), so 3a runs the brief's literal case. 3b and 3c run
+# accelerate's own offloading maps (saved by `plan --json`: cpu only, then cpu and disk) with caps that leave
+# rank 1 room for two streamed blocks and the activations.
+offload_section() {
+  local osteps=${OFFLOAD_STEPS:-4} model="$out/flux-dev"
+  if [ ! -f "$model/model_index.json" ]; then
+    "$bin" make-random --arch flux-dev --pipeline --out "$model" > "$out/make-random.log" 2>&1 || { tail -5 "$out/make-random.log"; return 1; }
+  fi
+  local args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height "$height"
+    --width "$width" --steps "$osteps" --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
+  "$bin" "${args[@]}" --out "$out/offload-ref.h5" --report "$out/offload-ref.json" > "$out/offload-ref.log" 2>&1 \
+    || { tail -8 "$out/offload-ref.log"; return 1; }
+  echo "offload reference, 1 rank, every block resident: $(grep -E 'ms/step' "$out/offload-ref.log" | tail -1 | cut -c1-160)"
+  elapsed "offload reference"
+  save_map() {  # MAX_MEMORY FILE: auto's hf_device_map for these budgets
+    "$bin" plan --model "$model" --device-map auto --max-memory "$1" --height "$height" --width "$width" \
+      --dtype bf16 --json 2>/dev/null | python3 -c 'import json, sys; t = sys.stdin.read(); print(json.dumps(json.loads(t[t.index("{"):])["hf_device_map"]))' > "$2"
+  }
+  local ostatus=0 name map caps
+  save_map 0=12GB,1=8GB,cpu=64GB "$out/offload-cpu.json"
+  save_map 0=12GB,1=8GB,cpu=2GB "$out/offload-disk.json"
+  for run in "a:auto:0=12GB,1=8GB,cpu=64GB" "b:$out/offload-cpu.json:0=12GB,1=10GB" "c:$out/offload-disk.json:0=12GB,1=10GB"; do
+    name=${run%%:*}; map=${run#*:}; caps=${map##*:}; map=${map%:*}
+    mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" --device-map "$map" --max-memory "$caps" \
+      --out "$out/offload-$name.h5" --report "$out/offload-$name-report.json" > "$out/offload-$name.log" 2>&1
+    local rc=$?
+    echo "3$name: --device-map $(basename "$map") --max-memory $caps: exit $rc"
+    grep -E "runtime: ring|capped|loaded blocks|offloaded block|ms/step|ran out of device memory|failed" "$out/offload-$name.log" \
+      | sed -E 's/; hf_device_map .*//' | cut -c1-260 | tail -9
+    for r in 0 1; do
+      [ -f "$out/offload-$name-report.rank$r.json" ] && python3 - "$out/offload-$name-report.rank$r.json" "$caps" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+caps = dict(item.split("=") for item in sys.argv[2].split(","))
+cap = float(caps[str(doc["rank"])].rstrip("GB")) * 1e9
+peak, reserved = doc["peak_device_bytes"], doc.get("peak_device_reserved_bytes", 0)
+print(f"  rank {doc['rank']}: peak allocated {peak / 1e9:.2f} GB, peak reserved {reserved / 1e9:.2f} GB, cap {cap / 1e9:.0f} GB:"
+      f" {'under' if reserved <= cap else 'OVER'} the cap; compute {doc['compute_seconds']:.2f} s, load {doc['load_seconds']:.2f} s")
+if doc.get("offload_copies"):
+    print(f"    {doc['offloaded_blocks']} offloaded blocks: {doc['offload_copies']} copies, {doc['offload_bytes'] / 1e9:.2f} GB,"
+          f" {doc['offload_copy_seconds']:.3f} s of copies ({doc['offload_bytes'] / 1e9 / max(doc['offload_copy_seconds'], 1e-9):.1f} GB/s),"
+          f" {doc['offload_pinned_host_bytes'] / 1e9:.2f} GB pinned")
+PY
+    done
+    if [ $rc -eq 0 ]; then
+      if same_latents "$out/offload-ref.h5" "$out/offload-$name.h5"; then
+        echo "  latents bit-identical to 1 rank with every block resident"
+      else
+        echo "  latents DIFFER from 1 rank"; ostatus=1
+      fi
+    else
+      ostatus=1
+    fi
+    elapsed "offload run 3$name"
+  done
+  return $ostatus
+}
+if [ "${OFFLOAD_ONLY:-0}" = 1 ]; then
+  offload_section; exit $?
+fi
 
 # 1. Tiny pipeline on CUDA, fp32: ranks must not change the result.
 tiny="$out/tiny"; rm -rf "$tiny"; "$bin" make-tiny --out "$tiny" > /dev/null 2>&1
@@ -78,4 +146,5 @@ for map in auto pipeline; do
   fi
   elapsed "full size, 2 ranks, $map"
 done
+offload_section || status=1
 exit $status

@@ -116,8 +116,7 @@ std::string bytes_or_dash(const nlohmann::ordered_json& value) {
 std::string ring_text(const nlohmann::ordered_json& ranks) {
   std::string text = ranks["ring"][0]["rank"].get<int>() == 0 ? "" : "rank 0";
   for (const auto& s : ranks["ring"])
-    text += str(text.empty() ? "" : " -> ", "rank ", s["rank"].get<int>(), " blocks [", s["first_block"].get<int64_t>(),
-                ", ", s["last_block"].get<int64_t>(), ")");
+    text += str(text.empty() ? "" : " -> ", s["text"].get<std::string>());
   return text + " -> rank 0";
 }
 
@@ -582,6 +581,10 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--block-times-at", o->block_times_at, "resolution the block times were measured at")->capture_default_str();
   cmd->add_option("--tflops", o->request.timing.sustained_tflops, "sustained TFLOP/s for the FLOP-only estimate")
       ->capture_default_str();
+  cmd->add_flag("--cuda-caps", o->request.cuda_caps,
+                "plan as `generate --device cuda --max-memory` does, where max_memory also caps each rank's CUDA\n"
+                "allocator: auto/balanced/sequential place weights in each GPU's max_memory less the activations,\n"
+                "the allocator reserve and two streamed blocks (without it: exactly accelerate's map)");
   cmd->add_option("--gpu-memory", o->gpu_memory, "assumed free memory per GPU without --max-memory")->capture_default_str();
   cmd->add_option("--cpu-memory", o->cpu_memory, "assumed host memory without --max-memory")->capture_default_str();
   cmd->add_flag("--json", o->as_json,

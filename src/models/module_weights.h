@@ -33,6 +33,7 @@ class ModuleWeights {
   at::Device device() const { return device_; }
   const std::string& prefix() const { return prefix_; }
   const io::WeightIndex& index() const { return *index_; }
+  const std::shared_ptr<const io::WeightIndex>& index_ptr() const { return index_; }
 
  private:
   std::shared_ptr<const io::WeightIndex> index_;

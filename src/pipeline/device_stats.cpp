@@ -50,4 +50,24 @@ void reset_peak_memory(const at::Device& device) {
   if (!device.is_cuda()) reset_peak_resident();
 }
 
+uint64_t peak_reserved_bytes(const at::Device& device) {
+  if (!device.is_cuda()) return 0;
+#ifdef DIFFPIPE_HAVE_CUDA
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(initialised_cuda_index(device));
+  return static_cast<uint64_t>(stats.reserved_bytes[0].peak);
+#else
+  DP_FAIL("this build has no CUDA support");
+#endif
+}
+
+void release_cached_memory(const at::Device& device) {
+  if (!device.is_cuda()) return;
+#ifdef DIFFPIPE_HAVE_CUDA
+  at::globalContext().lazyInitDevice(at::kCUDA);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  DP_FAIL("this build has no CUDA support");
+#endif
+}
+
 }  // namespace dp::pipeline

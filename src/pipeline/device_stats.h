@@ -12,5 +12,10 @@ void synchronize(const at::Device& device);
 // process's peak resident set size (core/memory_stats).
 uint64_t peak_memory_bytes(const at::Device& device);
 void reset_peak_memory(const at::Device& device);
+// Peak bytes the caching allocator reserved from the driver on a CUDA device (what --max-memory caps); 0 on CPU.
+uint64_t peak_reserved_bytes(const at::Device& device);
+// Returns the caching allocator's unused segments to the driver (CUDA; nothing on CPU). Between phases, so that
+// the next phase's tensors do not fill segments the previous phase's tensors split, which the cap would count.
+void release_cached_memory(const at::Device& device);
 
 }  // namespace dp::pipeline

@@ -35,7 +35,8 @@ uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& co
 }  // namespace
 
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
-                     at::Device device, const LatentGrid& grid, int64_t text_tokens) {
+                     at::Device device, const LatentGrid& grid, int64_t text_tokens,
+                     const std::map<int64_t, models::OffloadedWeights>& offloaded) {
   c10::InferenceMode guard;
   const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
@@ -44,6 +45,7 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
   parts.last_block = last_block < 0 ? config.num_blocks() : last_block;
   parts.embedders = first_block == 0;
   parts.head = parts.last_block == config.num_blocks();
+  parts.offloaded = offloaded;
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
   weight_bytes_ = held_bytes(*weights, config, parts);
   model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts);

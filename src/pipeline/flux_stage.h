@@ -21,8 +21,11 @@ class FluxStage {
  public:
   // Reads only the tensors of blocks [first_block, last_block) (and of the embedders / head when held) from
   // the transformer folder. last_block -1 means the model's last block.
+  // `offloaded`: blocks of the range the device map puts on "cpu" or "disk"; on CUDA their weights stay in host
+  // memory or in the mmapped file and are streamed in per use (models/flux/flux_offload.h).
   FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
-            at::Device device, const LatentGrid& grid, int64_t text_tokens);
+            at::Device device, const LatentGrid& grid, int64_t text_tokens,
+            const std::map<int64_t, models::OffloadedWeights>& offloaded = {});
 
   bool is_first() const { return model_.parts().embedders; }
   bool is_last() const { return model_.parts().head; }
@@ -31,6 +34,8 @@ class FluxStage {
   const models::FluxConfig& config() const { return model_.config(); }
   // Bytes of the checkpoint tensors this piece read (its blocks, plus embedders / head when held).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // The offloaded blocks' copies to the device so far (all zero when none are streamed).
+  models::OffloadStats offload_stats() const { return model_.offload_stats(); }
 
   // First piece only: a microbatch's prompt embeddings, embedded once (the text stream's input is the same at
   // every step) and kept with the pooled projection until forget().

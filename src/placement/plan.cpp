@@ -63,6 +63,19 @@ Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
   return t;
 }
 
+}  // namespace
+
+int64_t runtime_holdback_bytes(const models::FluxConfig& config, const std::vector<TimedUnit>& units,
+                               const TimingModel& timing, io::DType dtype, int world) {
+  int64_t largest_block = 0;
+  for (const auto& unit : units)
+    if (unit.name.find("blocks.") != std::string::npos) largest_block = std::max(largest_block, unit.bytes);
+  return activation_workspace_bytes(config, timing, dtype, world) + allocator_reserve_bytes(config, dtype) +
+         2 * largest_block;
+}
+
+namespace {
+
 int world_of(const PlanRequest& request) {
   if (!request.world_size) {
     int inferred = 1;
@@ -143,17 +156,27 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   nlohmann::ordered_json transformer = {{"component", t.component.name}, {"total_bytes", t.tree.total_bytes()},
                                         {"device_map", request.device_map}, {"config", t.config.to_json()}};
   if (parse_strategy(request.device_map, &strategy)) {
-    const auto placed = place_with_strategy(t.tree, strategy, max_memory, user_set);
+    MaxMemory weight_budgets = max_memory;
+    if (request.cuda_caps) {
+      const int64_t holdback = runtime_holdback_bytes(t.config, units, request.timing, request.dtype, world);
+      weight_budgets = MaxMemory();
+      for (const auto& [device, bytes] : max_memory.entries())
+        weight_budgets.set(device, device.is_gpu() ? std::max<int64_t>(0, bytes - holdback) : bytes);
+      transformer["runtime_holdback_bytes"] = holdback;
+    }
+    const auto placed = place_with_strategy(t.tree, strategy, weight_budgets, user_set);
     hf_map = placed.device_map;
     weights = placed.weights;
     reserved = placed.reserved;
     caps = placed.budgets;
   } else if (request.device_map == "pipeline") {
-    const auto placed = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype);
+    const auto placed = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype, request.cuda_caps);
     hf_map = placed.device_map;
     weights = placed.weights;
-    for (const auto& [d, w] : weights) reserved[d] = placed.workspace_bytes;  // activation workspace
+    // Activation workspace and what the CUDA allocator needs beyond the weights (stage_timing.h says what).
+    for (const auto& [d, w] : weights) reserved[d] = placed.workspace_bytes + placed.allocator_reserve_bytes;
     transformer["activation_workspace_bytes"] = placed.workspace_bytes;
+    transformer["allocator_reserve_bytes"] = placed.allocator_reserve_bytes;
   } else {
     DP_CHECK(fs::is_regular_file(request.device_map), "--device-map '", request.device_map,
              "' is neither a strategy (auto, balanced, balanced_low_0, sequential, pipeline) nor a JSON file");
@@ -183,7 +206,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
       resolve_tensor_devices(t.tree, balanced.device_map, "balanced"), world_gpus, request.timing));
   comparison["balanced"]["hf_device_map"] = map_json(balanced.device_map);
   try {
-    const auto pipelined = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype);
+    const auto pipelined = plan_pipeline(t.config, t.tree, max_memory, request.timing, request.dtype, request.cuda_caps);
     comparison["pipeline"] = timing_json("pipeline", time_placement(units, t.tree,
         resolve_tensor_devices(t.tree, pipelined.device_map, "pipeline"), world_gpus, request.timing));
     comparison["pipeline"]["hf_device_map"] = map_json(pipelined.device_map);

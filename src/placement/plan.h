@@ -29,12 +29,23 @@ struct PlanRequest {
   std::optional<int> world_size;
   io::DType dtype = io::DType::BF16;
   TimingModel timing;
+  // Plan as the runtime does on CUDA, where --max-memory also caps each rank's allocator: accelerate's
+  // strategies (auto, balanced, ...) fill a GPU with weights up to its max_memory, which leaves a capped rank no
+  // room for activations or for streaming offloaded blocks. With this set, every GPU's budget for weights is its
+  // max_memory less runtime_holdback_bytes() before the strategy places them (the cap stays max_memory), and
+  // "pipeline" holds back the allocator reserve and rounding (plan_pipeline's cuda_caps).
+  bool cuda_caps = false;
   int64_t gpu_memory_bytes = 141'000'000'000;  // assumed free memory per GPU when max_memory is absent (H200)
   int64_t cpu_memory_bytes = 128'000'000'000;
 };
 
 // Reads --max-memory: a JSON file path (an object of device -> size) or the inline "0=16GB,cpu=64GB" form.
 MaxMemory read_max_memory_argument(const std::string& argument);
+
+// What cuda_caps holds back from each GPU: the ring's activation workspace, the allocator reserve
+// (stage_timing.h), and two of the largest blocks, the double buffer of a rank that streams offloaded blocks.
+int64_t runtime_holdback_bytes(const models::FluxConfig& config, const std::vector<TimedUnit>& units,
+                               const TimingModel& timing, io::DType dtype, int world);
 
 // The whole plan as one JSON object; throws dp::Error naming the file, key or value at fault.
 nlohmann::ordered_json make_plan(const PlanRequest& request);

@@ -278,8 +278,15 @@ nlohmann::ordered_json to_json(const RingSimulation& s) {
 
 nlohmann::ordered_json to_json(const MapRanks& r) {
   nlohmann::ordered_json ring = nlohmann::ordered_json::array();
-  for (const auto& s : r.stages)
-    ring.push_back({{"rank", s.rank}, {"first_block", s.first_block}, {"last_block", s.last_block}});
+  for (const auto& s : r.stages) {
+    nlohmann::ordered_json stage = {{"rank", s.rank}, {"first_block", s.first_block}, {"last_block", s.last_block}};
+    // Offloaded blocks this rank runs from host memory ("cpu") or the mmapped file ("disk").
+    nlohmann::ordered_json offloaded = nlohmann::ordered_json::array();
+    for (const auto& o : s.offloaded) offloaded.push_back({{"block", o.block}, {"tier", tier_name(o.tier)}});
+    if (!offloaded.empty()) stage["offloaded"] = offloaded;
+    stage["text"] = describe_stage(s);
+    ring.push_back(stage);
+  }
   nlohmann::ordered_json out = {{"ranks", r.ranks}, {"gpus_with_blocks", r.gpus_with_blocks},
                                 {"launch", str("mpirun -np ", r.ranks)}, {"ring", ring}};
   if (!r.unsupported.empty()) out["unsupported"] = r.unsupported;

@@ -99,7 +99,7 @@ struct MapRanks {
   int ranks = 1;
   std::vector<int> gpus_with_blocks;
   std::vector<RankStage> stages;  // empty when the runtime cannot run the map
-  std::string unsupported;        // why it cannot (offloaded blocks, a rank visited twice, ...); "" when it can
+  std::string unsupported;        // why it cannot (no block on a GPU, a rank visited twice, ...); "" when it can
 };
 MapRanks map_ranks(const nlohmann::ordered_json& hf_device_map, const models::FluxConfig& config);
 

@@ -153,8 +153,23 @@ TimingReport time_placement(const std::vector<TimedUnit>& units, const ModuleTre
   return report;
 }
 
+int64_t allocator_reserve_bytes(const models::FluxConfig& config, io::DType dtype) {
+  constexpr int64_t kMiB = 1 << 20;
+  const int64_t d = config.inner_dim();
+  const int64_t blas_workspaces = 2 /* cuBLAS, cuBLASLt */ * 2 /* compute and copy streams */ * 32 * kMiB;
+  const int64_t qkv_while_loading = 6 * d * d * static_cast<int64_t>(io::dtype_size(dtype));
+  const int64_t coordinator_state = 64 * kMiB;
+  return blas_workspaces + qkv_while_loading + coordinator_state;
+}
+
+int64_t allocator_weight_bytes(int64_t bytes) {
+  constexpr int64_t kMiB = 1 << 20;
+  const int64_t granule = bytes <= kMiB ? 512 : 2 * kMiB;
+  return (bytes + granule - 1) / granule * granule;
+}
+
 PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTree& tree, const MaxMemory& max_memory,
-                                const TimingModel& timing, io::DType dtype) {
+                                const TimingModel& timing, io::DType dtype, bool cuda_caps) {
   std::vector<std::pair<Device, int64_t>> gpus;
   for (const auto& entry : max_memory.entries())
     if (entry.first.is_gpu() && entry.second > 0) gpus.push_back(entry);
@@ -164,12 +179,26 @@ PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTr
   const int k_max = static_cast<int>(gpus.size());
   PipelinePlacement out;
   out.workspace_bytes = activation_workspace_bytes(config, timing, dtype, std::min(k_max, n));
+  out.allocator_reserve_bytes = cuda_caps ? allocator_reserve_bytes(config, dtype) : 0;
+  // Each unit's weights as the allocator will reserve them (rounded per tensor).
+  std::vector<int64_t> reserved_bytes(static_cast<size_t>(n), 0);
+  for (const auto& tensor : tree.tensors_in_order()) {
+    for (int u = 0; u < n; ++u) {
+      bool in_unit = false;
+      for (const auto& m : units[u].modules) in_unit = in_unit || under(tensor, m);
+      if (!in_unit) continue;
+      const int64_t bytes = tree.tensor_bytes(tensor);
+      reserved_bytes[static_cast<size_t>(u)] += cuda_caps ? allocator_weight_bytes(bytes) : bytes;
+      break;
+    }
+  }
 
   std::vector<double> time_prefix(n + 1, 0.0);
-  std::vector<int64_t> bytes_prefix(n + 1, 0);
+  std::vector<int64_t> bytes_prefix(n + 1, 0), reserved_prefix(n + 1, 0);
   for (int i = 0; i < n; ++i) {
     time_prefix[i + 1] = time_prefix[i] + units[i].ms;
     bytes_prefix[i + 1] = bytes_prefix[i] + units[i].bytes;
+    reserved_prefix[i + 1] = reserved_prefix[i] + std::max(units[i].bytes, reserved_bytes[static_cast<size_t>(i)]);
   }
   // best[k][j]: the first j units on the first k GPUs (a GPU may stay empty), minimising (max stage time,
   // sum of squared stage times) so that ties prefer even splits.
@@ -186,8 +215,8 @@ PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTr
     for (int j = 0; j <= n; ++j) {
       for (int i = j; i >= 0; --i) {  // i == j: this GPU stays empty
         if (!std::isfinite(best[k - 1][i].max)) continue;
-        const int64_t weights = bytes_prefix[j] - bytes_prefix[i];
-        if (i < j && weights + out.workspace_bytes > budget) break;  // longer stages only grow
+        const int64_t weights = reserved_prefix[j] - reserved_prefix[i];
+        if (i < j && weights + out.workspace_bytes + out.allocator_reserve_bytes > budget) break;  // longer stages only grow
         const double stage = time_prefix[j] - time_prefix[i];
         const Cost candidate{std::max(best[k - 1][i].max, stage), best[k - 1][i].squares + stage * stage};
         if (candidate < best[k][j]) {
@@ -198,7 +227,8 @@ PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTr
     }
   }
   DP_CHECK(std::isfinite(best[k_max][n].max), "the pipeline strategy cannot fit the transformer (",
-           bytes_prefix[n], " bytes of weights, plus ", out.workspace_bytes, " bytes of activation workspace per GPU at ",
+           bytes_prefix[n], " bytes of weights, plus ", out.workspace_bytes, " bytes of activation workspace and ",
+           out.allocator_reserve_bytes, " bytes of allocator reserve per GPU at ",
            timing.height, "x", timing.width, ", batch ", timing.batch, ") in contiguous stages on ", k_max,
            " GPU(s) with max_memory ", max_memory.to_json().dump(), "; it does not offload: use --device-map auto");
   std::vector<int> owner(n, 0);

@@ -72,15 +72,38 @@ TimingReport time_placement(const std::vector<TimedUnit>& units, const ModuleTre
                             const std::map<std::string, Device>& tensor_devices, const std::vector<int>& world_gpus,
                             const TimingModel& timing);
 
+// What a rank's CUDA caching allocator needs beyond the weights and the activation workspace. The runtime caps
+// each rank's allocator at its --max-memory entry, so the "pipeline" strategy holds this back from every GPU:
+//   - cuBLAS and cuBLASLt workspaces, which LibTorch takes from the same allocator: 32 MiB each per stream,
+//     for the compute stream and the stream that copies offloaded blocks in (128 MiB);
+//   - while a double block loads, its six separate q/k/v projections live next to their two concatenations
+//     (6 d^2 elements: 108 MiB for FLUX.1 in bf16);
+//   - what the coordinator keeps on its GPU across phases: prompt embeddings, pooled projections and the
+//     latents of a microbatch, the text stream's input per microbatch and the RoPE tables (tens of MiB at
+//     1024x1024; 64 MiB is held for them).
+// The allocator's rounding (every allocation above 1 MiB is a multiple of 2 MiB) is counted per tensor in the
+// stage's weights instead (allocator_weight_bytes). What it keeps between phases (the text encoders' cached
+// segments, split by smaller tensors) is not planned for: the runtime returns the cache to the driver between
+// phases instead.
+int64_t allocator_reserve_bytes(const models::FluxConfig& config, io::DType dtype);
+// A tensor's bytes as the CUDA caching allocator reserves them: 512-byte multiples up to 1 MiB, 2 MiB
+// multiples above.
+int64_t allocator_weight_bytes(int64_t tensor_bytes);
+
 struct PipelinePlacement {
   DeviceMap device_map;  // cleaned, hf_device_map style
   int64_t workspace_bytes = 0;
+  int64_t allocator_reserve_bytes = 0;  // held back from every GPU with cuda_caps, beyond workspace_bytes (see above)
   std::map<Device, int64_t> weights;
 };
 
-// The "pipeline" strategy over the GPUs of `max_memory` with a budget (in index order). Throws naming the
-// budget when no contiguous split fits.
+// The "pipeline" strategy over the GPUs of `max_memory` with a budget (in index order): a stage fits when its
+// weights and the activation workspace fit the budget (with cuda_caps: its weights as the allocator reserves
+// them, the activation workspace and allocator_reserve_bytes).
+// Throws naming the budget when no contiguous split fits.
+// cuda_caps: the runtime on CUDA, where max_memory caps each rank's allocator; the allocator's rounding and
+// allocator_reserve_bytes are held back too (PlanRequest::cuda_caps; on CPU nothing caps the ranks).
 PipelinePlacement plan_pipeline(const models::FluxConfig& config, const ModuleTree& tree, const MaxMemory& max_memory,
-                                const TimingModel& timing, io::DType dtype);
+                                const TimingModel& timing, io::DType dtype, bool cuda_caps = false);
 
 }  // namespace dp::placement

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -28,6 +29,7 @@
 #include "pipeline/finite_check.h"
 #include "pipeline/device_stats.h"
 #include "pipeline/flux_stage.h"
+#include "pipeline/phase_guard.h"
 #include "pipeline/stage_timer.h"
 #include "placement/plan.h"
 #include "placement/ring_stages.h"
@@ -84,6 +86,8 @@ Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::Genera
   if (!options.max_memory.empty()) plan_request.max_memory = placement::read_max_memory_argument(options.max_memory);
   plan_request.world_size = world_size;
   plan_request.dtype = io::to_safetensors_dtype(request.dtype);
+  // On CUDA the caps are enforced, so accelerate's strategies must leave room beside the weights (plan --cuda-caps).
+  plan_request.cuda_caps = request.device.is_cuda() && !options.max_memory.empty();
   // The size the run computes (rounded as diffusers rounds it), in FLUX.1's 16-pixel units for the timing model.
   plan_request.timing.height = grid.height / 2 * 16;
   plan_request.timing.width = grid.width / 2 * 16;
@@ -97,7 +101,7 @@ Plan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::Genera
   out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
   Fnv fnv;
   fnv.add(out.hf_device_map.dump());
-  for (const auto& s : out.stages) fnv.add(str(s.rank, ":", s.first_block, "-", s.last_block));
+  for (const auto& s : out.stages) fnv.add(placement::describe_stage(s));
   out.digest = plan_request.device_map + " " + fnv.hex();
   return out;
 }
@@ -114,7 +118,7 @@ std::string request_digest(const pipeline::GenerateRequest& request, const Runti
 
 std::string describe_stages(const std::vector<placement::RankStage>& stages) {
   std::string text;
-  for (const auto& s : stages) text += str(text.empty() ? "" : ", ", "rank ", s.rank, " blocks [", s.first_block, ", ", s.last_block, ")");
+  for (const auto& s : stages) text += str(text.empty() ? "" : ", ", placement::describe_stage(s));
   return text;
 }
 
@@ -127,7 +131,8 @@ std::string rank_report_path(const std::string& path, const World& world) {
 // --report: what this rank did in the denoising phase, per step, with its boundaries' traffic.
 void write_rank_report(const RuntimeOptions& options, const World& world, const RingLayout& layout,
                        const at::Device& device, const RankTimes& times, double load_seconds, uint64_t load_bytes,
-                       const std::string& transport_name, const Transport* transport) {
+                       const std::string& transport_name, const Transport* transport,
+                       const models::OffloadStats& offload) {
   if (options.report_path.empty()) return;
   const placement::RankStage* stage = layout.stage_of(world.rank());
   nlohmann::ordered_json doc = {
@@ -147,6 +152,7 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"load_gb_per_s", load_seconds > 0 ? load_bytes / 1e9 / load_seconds : 0.0},
       {"peak_resident_bytes", peak_resident_bytes()},
       {"peak_device_bytes", device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0},
+      {"peak_device_reserved_bytes", pipeline::peak_reserved_bytes(device)},
       {"receives_from", world.is_coordinator() ? layout.last_rank() : layout.previous(world.rank())},
       {"sends_to", world.is_coordinator() ? (layout.coordinator_runs_first_stage() ? layout.next(0) : layout.first_rank())
                                           : layout.next(world.rank())},
@@ -158,7 +164,13 @@ void write_rank_report(const RuntimeOptions& options, const World& world, const 
       {"send_seconds", times.send_seconds},
       {"host_wait_seconds", times.host_wait_seconds},
       {"idle_seconds", std::max(0.0, times.wall_seconds - times.compute_seconds - times.wait_seconds - times.send_seconds)},
-      {"microbatch_steps", times.steps}};
+      {"microbatch_steps", times.steps},
+      // Offloaded blocks this rank streamed to its GPU (all zero when it holds none, or on CPU).
+      {"offloaded_blocks", offload.blocks},
+      {"offload_copies", offload.copies},
+      {"offload_bytes", offload.bytes},
+      {"offload_copy_seconds", offload.copy_seconds},
+      {"offload_pinned_host_bytes", offload.host_bytes}};
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   for (size_t s = 0; s < times.per_step.size(); ++s) {
     const auto& step = times.per_step[s];
@@ -255,6 +267,25 @@ std::unique_ptr<Transport> make_transport(const std::string& name, const RingLay
 #endif
 }
 
+// The offloaded blocks of a stage as the model takes them: "cpu" blocks wait in pinned host memory, "disk"
+// blocks in the mmapped safetensors file (accelerate's two offload tiers).
+std::map<int64_t, models::OffloadedWeights> offloaded_weights(const placement::RankStage& stage) {
+  std::map<int64_t, models::OffloadedWeights> out;
+  for (const auto& o : stage.offloaded)
+    out[o.block] = o.tier == placement::OffloadTier::cpu ? models::OffloadedWeights::pinned_host
+                                                         : models::OffloadedWeights::mapped_file;
+  return out;
+}
+
+void log_offload(const World& world, const pipeline::FluxStage* stage) {
+  if (stage == nullptr) return;
+  const auto stats = stage->offload_stats();
+  if (stats.copies == 0) return;
+  DP_INFO("rank ", world.rank(), ": ", stats.blocks, " offloaded block(s) streamed in ", stats.copies, " copies, ",
+          std::fixed, std::setprecision(1), stats.bytes / 1e6, " MB, ", std::setprecision(3), stats.copy_seconds,
+          " s of copy time on the side stream (", std::setprecision(1), stats.host_bytes / 1e6, " MB pinned on the host)");
+}
+
 void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
                const RuntimeOptions& options, const Outputs& outputs, World& world,
                std::unique_ptr<Transport>& transport) {
@@ -288,8 +319,11 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   const auto load_stage = [&]() -> std::shared_ptr<pipeline::FluxStage> {
     if (mine == nullptr) return nullptr;
     const auto started = std::chrono::steady_clock::now();
-    auto stage = std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block,
-                                                       request.dtype, device, grid, request.max_sequence_length);
+    const std::string phase = str("loading blocks [", mine->first_block, ", ", mine->last_block, ")");
+    auto stage = pipeline::run_phase(world.rank(), phase, [&] {
+      return std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block, request.dtype,
+                                                   device, grid, request.max_sequence_length, offloaded_weights(*mine));
+    });
     load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     load_bytes = stage->weight_bytes();
     DP_INFO("rank ", world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ", std::fixed,
@@ -300,18 +334,24 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
 
   if (!world.is_coordinator()) {
     auto stage = load_stage();  // while rank 0 encodes the prompts
-    const RankTimes times = run_stage_worker(world.rank(), layout, *transport, stage.get(), device,
-                                             options.transport_timeout_seconds);
+    const RankTimes times = pipeline::run_phase(world.rank(), str("denoising (blocks [", mine ? mine->first_block : 0, ", ",
+                                                                 mine ? mine->last_block : 0, "))"),
+                                                [&] { return run_stage_worker(world.rank(), layout, *transport, stage.get(), device,
+                                                                              options.transport_timeout_seconds); });
+    log_offload(world, stage.get());
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get(),
+                      stage ? stage->offload_stats() : models::OffloadStats{});
     return;
   }
 
   // The coordinator: encode, then its own stage, then the ring.
-  const auto prompts = flux.encode_prompts(request);
+  const auto prompts = pipeline::run_phase(0, "encoding prompts", [&] { return flux.encode_prompts(request); });
   const at::Tensor latents = flux.initial_latents(request, grid);
+  // The text encoders' cached segments would otherwise be split by the blocks' weights and count against the cap.
+  pipeline::release_cached_memory(device);
   at::Tensor final_latents;
   {
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
@@ -345,18 +385,22 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
       };
     }
     const auto began = std::chrono::steady_clock::now();
-    final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
+    final_latents = pipeline::run_phase(0, "denoising", [&] { return pipeline::run_denoise_loop(job, executor, callbacks); });
+    log_offload(world, stage.get());
     executor.shutdown();
     RankTimes times = executor.times();
     times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get());
+    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get(),
+                      stage ? stage->offload_stats() : models::OffloadStats{});
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
               transport->bytes_received() / 1e6, " MB received");
   }  // the coordinator's blocks are released before the VAE loads
+  pipeline::release_cached_memory(device);
   if (outputs.on_latents) outputs.on_latents(final_latents);
-  if (outputs.on_images) outputs.on_images(flux.decode(request, grid, final_latents));
+  if (outputs.on_images)
+    outputs.on_images(pipeline::run_phase(0, "decoding", [&] { return flux.decode(request, grid, final_latents); }));
 }
 
 }  // namespace

@@ -19,6 +19,9 @@ Cases:
                  message that says why and what to use instead.
   report         --report writes one JSON per rank with its blocks, traffic and per-step times, consistent
                  across ranks (what one rank sends the next receives).
+  offload        maps that offload blocks to "cpu" and "disk" (a custom JSON map, and "auto" with a small
+                 --max-memory) still run every block, on the GPU rank whose range they continue: latents
+                 bit-identical to one process with every block resident, at N ranks (N may be 1).
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
@@ -283,9 +286,126 @@ def case_nccl_on_cpu(binary, model, tmp, ranks):
         fail(f"one process with --transport nccl on the CPU: exit {code}:\n{output}")
 
 
+def transformer_blocks(model):
+    import json
+    config = json.loads((model / "transformer" / "config.json").read_text())
+    return config["num_layers"], config["num_single_layers"]
+
+
+def block_key(block, double_blocks):
+    return (f"transformer_blocks.{block}" if block < double_blocks
+            else f"single_transformer_blocks.{block - double_blocks}")
+
+
+def offload_map(double_blocks, single_blocks, ranks):
+    """GPU ranks in contiguous chunks, with offloaded blocks at the start (disk), in the middle of the chunks
+    (cpu, then disk: each joins the rank before it) and at the end (cpu)."""
+    total = double_blocks + single_blocks
+    device = {b: min(b * ranks // total, ranks - 1) for b in range(total)}
+    offloaded = {0: "disk"}
+    for r in range(1, ranks):
+        first = min(b for b in range(total) if device[b] == r)
+        offloaded[first] = "cpu" if r % 2 else "disk"  # continues rank r - 1
+    if ranks == 1:
+        offloaded[total // 2] = "cpu"
+    # The last block too, while its rank keeps a block on its GPU (every rank of the world stays in the ring).
+    last_rank_gpu_blocks = [b for b in range(total) if device[b] == ranks - 1 and b not in offloaded]
+    if len(last_rank_gpu_blocks) >= 2:
+        offloaded[total - 1] = "cpu"
+    mapping = {"x_embedder": 0, "context_embedder": 0, "time_text_embed": 0}
+    for b in range(total):
+        mapping[block_key(b, double_blocks)] = offloaded.get(b, device[b])
+    mapping["norm_out"] = "cpu"
+    mapping["proj_out"] = "cpu"
+    expected = {}  # rank -> offloaded blocks it must run
+    owner = None
+    for b in range(total):
+        if b in offloaded:
+            rank = owner if owner is not None else device[min(x for x in range(total) if x not in offloaded)]
+            expected.setdefault(rank, []).append(b)
+        else:
+            rank = device[b]
+        owner = rank
+    return mapping, expected
+
+
+def plan_json(binary, model, extra):
+    import json
+    code, output, _ = run([binary, "plan", "--model", str(model), "--json", "--dtype", "fp32"] + extra)
+    if code != 0:
+        fail(f"plan {' '.join(extra)} exited {code}:\n{output}")
+    return json.loads(output[output.index("{"):])
+
+
+def auto_offload_max_memory(binary, model, ranks):
+    """A --max-memory under which accelerate's "auto" puts blocks on GPUs (every GPU of the world, or at least
+    two: accelerate keeps the largest layer free on GPU 0), then on cpu, then on disk. Searched in fractions of
+    the transformer's size, so that it follows the tiny model's sizes."""
+    total = plan_json(binary, model, ["--device-map", "auto"])["transformer"]["total_bytes"]
+    for first in range(6, 16):
+        for other in range(1, 9):
+            for cpu in range(2, 11):
+                budget = ",".join([f"0={total * first * 75 // 1000}"] +
+                                  [f"{r}={total * other * 75 // 2000}" for r in range(1, ranks)] +
+                                  [f"cpu={total * cpu * 75 // 1000}"])
+                hf_map = plan_json(binary, model, ["--device-map", "auto", "--max-memory", budget])["hf_device_map"]
+                on = {str(device) for key, device in hf_map.items() if "blocks" in key}
+                if {"cpu", "disk"} <= on and sum(str(r) in on for r in range(ranks)) >= min(ranks, 2):
+                    return budget, hf_map
+    fail(f"found no --max-memory that makes auto put blocks on GPUs, cpu and disk ({ranks} GPUs, transformer "
+         f"{total} bytes)")
+
+
+def case_offload(binary, model, tmp, ranks):
+    import json
+    code, output, _ = run([binary] + generate_args(model, tmp / "resident.h5", ["--microbatch-size", "1"]))
+    if code != 0:
+        fail(f"one process, every block resident, exited {code}:\n{output}")
+    if "offloaded" in output:
+        fail(f"the resident reference run offloads blocks:\n{output}")
+    reference = latents(tmp / "resident.h5")
+    double_blocks, single_blocks = transformer_blocks(model)
+    mapping, expected = offload_map(double_blocks, single_blocks, ranks)
+    (tmp / "offload.json").write_text(json.dumps(mapping))
+    budget, auto_map = auto_offload_max_memory(binary, model, ranks)
+    launch = mpirun(ranks)
+    for name, extra in (("custom map", ["--device-map", str(tmp / "offload.json")]),
+                        ("auto map", ["--device-map", "auto", "--max-memory", budget])):
+        out = tmp / f"offload-{name.split()[0]}.h5"
+        code, output, seconds = run(launch + [binary] + generate_args(model, out, ["--microbatch-size", "1"] + extra))
+        if code != 0:
+            fail(f"{ranks} rank(s), {name}: exited {code}:\n{output}")
+        ring = [line for line in output.splitlines() if "runtime: ring" in line]
+        if not ring or "offloaded (" not in ring[0]:
+            fail(f"{ranks} rank(s), {name}: no ring with offloaded blocks was logged:\n{output}")
+        if name == "custom map":
+            for rank, blocks in expected.items():
+                wanted = f"rank {rank} blocks ["
+                stage = [part for part in ring[0].split("; hf_device_map")[0].split("rank ") if part.startswith(f"{rank} ")]
+                if not stage or f"{len(blocks)} offloaded" not in stage[0]:
+                    fail(f"{ranks} rank(s), {name}: {wanted}...) should run offloaded blocks {blocks}:\n{ring[0]}")
+        got = latents(out)
+        if got.shape != reference.shape or not np.array_equal(got, reference):
+            fail(f"{ranks} rank(s), {name}: latents differ from the resident run, max abs difference "
+                 f"{np.abs(got - reference).max() if got.shape == reference.shape else got.shape}")
+        print(f"{ranks} rank(s), {name}: bit-identical to every block resident ({seconds:.1f} s); "
+              f"{ring[0].split('runtime: ')[-1][:200]}")
+    # plan shows the same ring the runtime logged.
+    plan = plan_json(binary, model, ["--device-map", str(tmp / "offload.json"), "--world-size", str(ranks)])
+    if len(plan["ranks"]["ring"]) != ranks:
+        fail(f"the custom map should keep all {ranks} ranks in the ring: {plan['ranks']}")
+    text = " -> ".join(stage["text"] for stage in plan["ranks"]["ring"])
+    for rank, blocks in expected.items():
+        if not any(s["rank"] == rank and [o["block"] for o in s.get("offloaded", [])] == blocks
+                   for s in plan["ranks"]["ring"]):
+            fail(f"plan's ring does not give rank {rank} offloaded blocks {blocks}: {text}")
+    print(f"plan: {text}")
+
+
 CASES = {"equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
-         "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu}
+         "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu,
+         "offload": case_offload}
 
 
 def main():

@@ -208,6 +208,58 @@ TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {
   EXPECT_EQ(state.image.sizes(), (std::vector<int64_t>{1, 4, 64}));
 }
 
+// Offloaded blocks travel between host and GPU through Block::map (models/flux/flux_offload.h): a weight that
+// map forgot would be undefined on the GPU. Here every weight must go through it, and the copy must compute
+// exactly what the original does. On CPU, a block marked offloaded is resident and changes nothing.
+TEST(FluxTransformer, OffloadedBlocksCopyEveryWeightAndComputeTheSame) {
+  c10::InferenceMode guard;
+  const std::string dir = dp::test::reference_dir() + "/flux/dev_like/transformer";
+  const auto config = FluxConfig::from_json(read_json_file(dir + "/config.json"), dir);
+  const ModuleWeights root(std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir)), at::kFloat, at::kCPU);
+  const auto dbl = flux::DoubleBlock::load(root.child("transformer_blocks.0"), config);
+  const auto sgl = flux::SingleBlock::load(root.child("single_transformer_blocks.0"), config);
+  uint64_t mapped_bytes = 0;
+  const flux::TensorMap copy = [&](const at::Tensor& t) {
+    mapped_bytes += t.nbytes();
+    return t.clone();
+  };
+  const auto dbl_copy = dbl.map(copy);
+  EXPECT_EQ(mapped_bytes, dbl.nbytes());
+  uint64_t checkpoint_bytes = 0;
+  const auto index = io::WeightIndex::open_dir(dir);
+  for (const auto& name : index.names())
+    if (name.rfind("transformer_blocks.0.", 0) == 0) checkpoint_bytes += index.info(name).nbytes();
+  EXPECT_EQ(dbl.nbytes(), checkpoint_bytes) << "a double block's weights are its checkpoint tensors, concatenated";
+  mapped_bytes = 0;
+  const auto sgl_copy = sgl.map(copy);
+  EXPECT_EQ(mapped_bytes, sgl.nbytes());
+
+  const int64_t dim = config.inner_dim();
+  at::manual_seed(3);
+  const at::Tensor image = at::randn({1, 4, dim}), text = at::randn({1, 2, dim}), temb = at::randn({1, dim});
+  const auto model = FluxTransformer::load(dir, at::kFloat, at::kCPU);
+  const auto rope = model.rotary(at::zeros({2, 3}), at::zeros({4, 3}));
+  const auto run = [&](const auto& block) {
+    at::Tensor i = image.clone(), t = text.clone();
+    block.forward(i, t, temb, rope);
+    return std::make_pair(i, t);
+  };
+  EXPECT_TRUE(at::equal(run(dbl).first, run(dbl_copy).first));
+  EXPECT_TRUE(at::equal(run(dbl).second, run(dbl_copy).second));
+  EXPECT_TRUE(at::equal(run(sgl).first, run(sgl_copy).first));
+
+  FluxParts parts = FluxParts::all();
+  parts.offloaded = {{0, OffloadedWeights::mapped_file}, {config.num_layers, OffloadedWeights::pinned_host}};
+  const auto offloaded = FluxTransformer::load(dir, at::kFloat, at::kCPU, parts);
+  FluxActivations a{image.clone(), text.clone(), temb}, b{image.clone(), text.clone(), temb};
+  model.run_blocks(a, rope, 0, config.num_blocks());
+  offloaded.run_blocks(b, rope, 0, config.num_blocks());
+  EXPECT_TRUE(at::equal(a.image, b.image));
+  EXPECT_EQ(offloaded.offload_stats().copies, 0) << "on CPU nothing is streamed";
+  parts.offloaded = {{config.num_blocks(), OffloadedWeights::pinned_host}};
+  EXPECT_THROW(FluxTransformer::load(dir, at::kFloat, at::kCPU, parts), dp::Error) << "a block outside the range";
+}
+
 TEST(FluxTransformer, ConfigAndShapeErrorsNameTheCulprit) {
   const std::string source = dp::test::reference_dir() + "/flux/dev_like/transformer";
   auto config_json = read_json_file(source + "/config.json");

@@ -239,10 +239,13 @@ TEST(PlacementSimulator, RanksAMapNeeds) {
   EXPECT_EQ(ranks.gpus_with_blocks, (std::vector<int>{1, 3}));
   EXPECT_EQ(to_json(ranks)["launch"], "mpirun -np 4");
 
+  // Offloaded blocks run on the GPU rank whose range they continue (placement_ring_stages_test has the rule).
   ranks = map_ranks(nlohmann::ordered_json{{"transformer_blocks", 0}, {"single_transformer_blocks", "cpu"}}, config);
   EXPECT_EQ(ranks.ranks, 1);
-  EXPECT_TRUE(ranks.stages.empty());
-  EXPECT_NE(ranks.unsupported.find("cpu"), std::string::npos) << ranks.unsupported;
+  ASSERT_EQ(ranks.stages.size(), 1u);
+  EXPECT_EQ(ranks.stages[0].last_block, 57);
+  EXPECT_EQ(ranks.stages[0].offloaded.size(), 38u);
+  EXPECT_TRUE(ranks.unsupported.empty()) << ranks.unsupported;
 
   ranks = map_ranks(nlohmann::ordered_json{{"transformer_blocks", 1}, {"single_transformer_blocks", 0}}, config);
   EXPECT_EQ(ranks.ranks, 2);
@@ -321,14 +324,33 @@ TEST(PlanSimulate, JsonParsesAndAgreesWithTheLibrary) {
   EXPECT_NEAR(run["total_s"].get<double>(), simulate_ring(in).total_ms * 1e-3, 1e-12);
 }
 
-TEST(PlanSimulate, AMapTheRuntimeCannotRunIsNamedNotSimulated) {
-  // The seed's custom map keeps the last single blocks on cpu: two ranks, but no ring yet.
+TEST(PlanSimulate, OffloadedBlocksJoinARankAndAreSimulated) {
+  // The seed's custom map keeps the last single blocks on cpu: they run on rank 1, whose range they continue.
   const std::string map = dp::test::source_dir() + "/configs/device_maps/flux_seed_custom.json";
   auto result = plan("--world-size 2 --device-map " + map + " --simulate --prompts 2 --json 2>/dev/null");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto json = nlohmann::json::parse(result.output);
   EXPECT_EQ(json["ranks"]["ranks"], 2);
-  EXPECT_NE(json["ranks"]["unsupported"].get<std::string>().find("\"cpu\""), std::string::npos) << json["ranks"];
+  EXPECT_FALSE(json["ranks"].contains("unsupported")) << json["ranks"];
+  ASSERT_EQ(json["ranks"]["ring"].size(), 2u);
+  EXPECT_EQ(json["ranks"]["ring"][1]["last_block"], 57);
+  EXPECT_EQ(json["ranks"]["ring"][1]["offloaded"][0]["block"], 19 + 21);
+  EXPECT_EQ(json["ranks"]["ring"][1]["offloaded"][0]["tier"], "cpu");
+  EXPECT_TRUE(json["simulation"]["maps"][0].contains("runs")) << json["simulation"]["maps"][0];
+  result = plan("--world-size 2 --device-map " + map + " --simulate");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("offloaded (40-"), std::string::npos) << result.output;
+}
+
+TEST(PlanSimulate, AMapTheRuntimeCannotRunIsNamedNotSimulated) {
+  // Rank 0 on both sides of rank 1: the ring would visit rank 0 twice.
+  const std::string map = dp::test::temp_dir("simulator-twice") + "/twice.json";
+  dp::test::write_file(map, R"({"": 0, "single_transformer_blocks": 1, "single_transformer_blocks.37": 0})");
+  auto result = plan("--world-size 2 --device-map " + map + " --simulate --prompts 2 --json 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto json = nlohmann::json::parse(result.output);
+  EXPECT_EQ(json["ranks"]["ranks"], 2);
+  EXPECT_NE(json["ranks"]["unsupported"].get<std::string>().find("not contiguous"), std::string::npos) << json["ranks"];
   const auto& maps = json["simulation"]["maps"];
   ASSERT_EQ(maps.size(), 3u);
   EXPECT_TRUE(maps[0].contains("unsupported"));
@@ -336,11 +358,42 @@ TEST(PlanSimulate, AMapTheRuntimeCannotRunIsNamedNotSimulated) {
   EXPECT_TRUE(maps[2].contains("runs")) << "pipeline is still simulated";
   result = plan("--world-size 2 --device-map " + map + " --simulate");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_NE(result.output.find("flux_seed_custom not simulated"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("twice.json       not simulated"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("the multi-rank runtime cannot run this map"), std::string::npos) << result.output;
   result = plan("--world-size 2 --device-map " + map + " --simulate --stage-ms 1,2");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("cannot run as a ring"), std::string::npos) << result.output;
+}
+
+// accelerate's auto fills each GPU with weights up to max_memory; on CUDA the runtime also caps the allocator
+// there, so `generate --device cuda --max-memory` (and `plan --cuda-caps`) place weights in max_memory less the
+// activations, the allocator reserve and the double buffer of streamed blocks.
+TEST(PlanCudaCaps, AutoLeavesRoomBesideTheWeightsOnCappedGpus) {
+  const std::string common = "--device-map auto --max-memory 0=8GB,1=8GB,cpu=64GB --height 768 --width 1360 --json";
+  auto result = plan(common + " 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto accelerate = nlohmann::json::parse(result.output);
+  result = plan(common + " --cuda-caps 2>/dev/null");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto capped = nlohmann::json::parse(result.output);
+  EXPECT_FALSE(accelerate["transformer"].contains("runtime_holdback_bytes")) << "without the flag: accelerate's map";
+  const int64_t holdback = capped["transformer"]["runtime_holdback_bytes"].get<int64_t>();
+  const auto config = models::FluxConfig::flux_dev();
+  const int64_t double_block = 2 * (2 * 6 * 3072LL * 3072 + 6 * 3072LL * 3072 + 2 * 3072LL * 3072 + 4 * 4 * 3072LL * 3072);
+  EXPECT_GE(holdback, allocator_reserve_bytes(config, io::DType::BF16) + 2 * double_block) << holdback;
+  EXPECT_LT(holdback, 3'000'000'000) << holdback;
+  for (int gpu = 0; gpu < 2; ++gpu) {
+    const int64_t weights = capped["devices"][gpu]["weights_bytes"].get<int64_t>();
+    EXPECT_LE(weights + holdback, 8'000'000'000) << "GPU " << gpu;
+    EXPECT_EQ(capped["devices"][gpu]["budget_bytes"], 8'000'000'000) << "the cap stays max_memory";
+  }
+  EXPECT_GT(accelerate["devices"][1]["weights_bytes"].get<int64_t>() + holdback, 8'000'000'000)
+      << "accelerate's own map leaves GPU 1 no room: the case the flag exists for";
+  // Every block still runs; the offloaded ones on rank 1, whose range they continue.
+  const auto& ring = capped["ranks"]["ring"];
+  ASSERT_EQ(ring.size(), 2u) << capped["ranks"];
+  EXPECT_EQ(ring[1]["last_block"], 57);
+  EXPECT_GT(ring[1]["offloaded"].size(), accelerate["ranks"]["ring"][1]["offloaded"].size());
 }
 
 TEST(PlanSimulate, MicrobatchesOfSeveralImages) {

@@ -35,7 +35,67 @@ Linear concat(const std::vector<Linear>& parts) {
   return {at::cat(weights, 0), at::cat(biases, 0)};
 }
 
+at::Tensor map_tensor(const TensorMap& f, const at::Tensor& t) { return t.defined() ? f(t) : t; }
+
+Linear map_linear(const TensorMap& f, const Linear& l) { return {map_tensor(f, l.weight), map_tensor(f, l.bias)}; }
+
+uint64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.nbytes() : 0; }
+
 }  // namespace
+
+AttentionWeights AttentionWeights::map(const TensorMap& f) const {
+  AttentionWeights a;
+  a.qkv = map_linear(f, qkv);
+  a.norm_q = map_tensor(f, norm_q);
+  a.norm_k = map_tensor(f, norm_k);
+  a.to_out = map_linear(f, to_out);
+  a.added_qkv = map_linear(f, added_qkv);
+  a.to_add_out = map_linear(f, to_add_out);
+  a.norm_added_q = map_tensor(f, norm_added_q);
+  a.norm_added_k = map_tensor(f, norm_added_k);
+  return a;
+}
+
+DoubleBlock DoubleBlock::map(const TensorMap& f) const {
+  DoubleBlock b;
+  b.head_dim = head_dim;
+  b.norm1 = map_linear(f, norm1);
+  b.norm1_context = map_linear(f, norm1_context);
+  b.attn = attn.map(f);
+  b.ff_in = map_linear(f, ff_in);
+  b.ff_out = map_linear(f, ff_out);
+  b.ff_context_in = map_linear(f, ff_context_in);
+  b.ff_context_out = map_linear(f, ff_context_out);
+  return b;
+}
+
+uint64_t DoubleBlock::nbytes() const {
+  uint64_t bytes = 0;
+  map([&](const at::Tensor& t) {
+    bytes += tensor_bytes(t);
+    return t;
+  });
+  return bytes;
+}
+
+SingleBlock SingleBlock::map(const TensorMap& f) const {
+  SingleBlock b;
+  b.head_dim = head_dim;
+  b.norm = map_linear(f, norm);
+  b.proj_mlp = map_linear(f, proj_mlp);
+  b.proj_out = map_linear(f, proj_out);
+  b.attn = attn.map(f);
+  return b;
+}
+
+uint64_t SingleBlock::nbytes() const {
+  uint64_t bytes = 0;
+  map([&](const at::Tensor& t) {
+    bytes += tensor_bytes(t);
+    return t;
+  });
+  return bytes;
+}
 
 AttentionWeights AttentionWeights::load(const ModuleWeights& w, const FluxConfig& c, bool joint) {
   const int64_t dim = c.inner_dim();

@@ -2,11 +2,17 @@
 // The two FLUX block kinds, holding their weights under the checkpoint's key names.
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include "models/flux/flux_config.h"
 #include "models/flux/flux_layers.h"
 #include "models/module_weights.h"
 
 namespace dp::models::flux {
+
+// Applied to every weight of a block to copy it elsewhere (pinned host memory, a GPU); undefined tensors stay
+// undefined. Offloaded blocks use it to move between host and device without reloading.
+using TensorMap = std::function<at::Tensor(const at::Tensor&)>;
 
 struct AttentionWeights {
   // to_q, to_k and to_v read the same input, so they run as one GEMM over concatenated weights.
@@ -16,6 +22,7 @@ struct AttentionWeights {
   Linear to_out, added_qkv, to_add_out;
   at::Tensor norm_added_q, norm_added_k;
   static AttentionWeights load(const ModuleWeights& w, const FluxConfig& c, bool joint);
+  AttentionWeights map(const TensorMap& f) const;
 };
 
 // FluxTransformerBlock: separate image and text streams meeting in joint attention.
@@ -25,6 +32,8 @@ struct DoubleBlock {
   Linear ff_in, ff_out, ff_context_in, ff_context_out;
   int64_t head_dim = 0;
   static DoubleBlock load(const ModuleWeights& w, const FluxConfig& c);
+  DoubleBlock map(const TensorMap& f) const;
+  uint64_t nbytes() const;
   // Updates image (B, N, D) and text (B, T, D) in place of the caller's handles.
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;
 };
@@ -37,6 +46,8 @@ struct SingleBlock {
   AttentionWeights attn;
   int64_t head_dim = 0;
   static SingleBlock load(const ModuleWeights& w, const FluxConfig& c);
+  SingleBlock map(const TensorMap& f) const;
+  uint64_t nbytes() const;
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;
 };
 

@@ -43,7 +43,18 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
     model.text_linear_1_ = Linear::load(tte, "text_embedder.linear_1", config.pooled_projection_dim, dim);
     model.text_linear_2_ = Linear::load(tte, "text_embedder.linear_2", dim, dim);
   }
+  std::map<int64_t, OffloadedWeights> streamed;
+  for (const auto& [b, where] : parts.offloaded)
+    DP_CHECK(b >= parts.first_block && b < parts.last_block, "offloaded block ", b, " is outside the held range [",
+             parts.first_block, ", ", parts.last_block, ")");
+  if (device.is_cuda()) streamed = parts.offloaded;
   for (int64_t b = parts.first_block; b < parts.last_block; ++b) {
+    if (streamed.count(b)) {
+      // A placeholder keeps the vectors indexed by block; the weights come from offloaded_ per use.
+      if (b < config.num_layers) model.double_blocks_.emplace_back();
+      else model.single_blocks_.emplace_back();
+      continue;
+    }
     if (b < config.num_layers) {
       model.double_blocks_.push_back(flux::DoubleBlock::load(root.child("transformer_blocks." + std::to_string(b)), config));
     } else {
@@ -52,6 +63,7 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
           flux::SingleBlock::load(root.child("single_transformer_blocks." + std::to_string(s)), config));
     }
   }
+  if (!streamed.empty()) model.offloaded_ = std::make_shared<OffloadedBlocks>(root, config, std::move(streamed));
   if (parts.head) {
     model.norm_out_ = Linear::load(root, "norm_out.linear", dim, 2 * dim);
     model.proj_out_ = Linear::load(root, "proj_out", dim, config.patch_size * config.patch_size * config.output_channels());
@@ -109,7 +121,9 @@ void FluxTransformer::run_blocks(FluxActivations& state, const flux::RotaryTable
   DP_CHECK(rope.cos.size(0) == state.text.size(1) + state.image.size(1), "rotary tables cover ", rope.cos.size(0),
            " positions but the state has ", state.text.size(1), " text + ", state.image.size(1), " image tokens");
   for (int64_t b = first; b < last; ++b) {
-    if (b < config_.num_layers) {
+    if (offloaded_ && offloaded_->holds(b)) {
+      offloaded_->forward(b, state.image, state.text, state.temb, rope);
+    } else if (b < config_.num_layers) {
       double_blocks_[static_cast<size_t>(b - parts_.first_block)].forward(state.image, state.text, state.temb, rope);
     } else {
       const int64_t first_single = std::max(parts_.first_block, config_.num_layers);
@@ -124,6 +138,8 @@ at::Tensor FluxTransformer::head(const FluxActivations& state) const {
   const at::Tensor normed = flux::layer_norm_modulate(state.image, mod[1], mod[0]);
   return proj_out_(normed);
 }
+
+OffloadStats FluxTransformer::offload_stats() const { return offloaded_ ? offloaded_->stats() : OffloadStats{}; }
 
 at::Tensor FluxTransformer::forward(const FluxInputs& inputs) const {
   require(parts_.embedders && parts_.head && parts_.first_block == 0 && parts_.last_block == config_.num_blocks(),

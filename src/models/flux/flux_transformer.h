@@ -4,6 +4,7 @@
 // The whole-model forward is exactly the composition of those pieces.
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "io/weight_index.h"
 #include "models/flux/flux_blocks.h"
 #include "models/flux/flux_config.h"
+#include "models/flux/flux_offload.h"
 
 namespace dp::models {
 
@@ -39,6 +41,10 @@ struct FluxParts {
   int64_t first_block = 0;
   int64_t last_block = -1;  // exclusive; -1 means all blocks
   bool head = true;         // norm_out, proj_out
+  // Blocks of [first_block, last_block) a device map offloads to "cpu" or "disk". On a CUDA device their
+  // weights stay off the GPU and are copied in per use (models/flux/flux_offload.h); on the CPU they are
+  // resident like the others, since they already are where they run.
+  std::map<int64_t, OffloadedWeights> offloaded = {};
   static FluxParts all() { return {}; }
   static FluxParts blocks(int64_t first, int64_t last) { return {false, first, last, false}; }
 };
@@ -65,6 +71,8 @@ class FluxTransformer {
   flux::RotaryTables rotary(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
   void run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first, int64_t last) const;
   at::Tensor head(const FluxActivations& state) const;
+  // Copies of offloaded blocks so far; empty (all zero) when none are streamed.
+  OffloadStats offload_stats() const;
   // Whole model; requires all parts.
   at::Tensor forward(const FluxInputs& inputs) const;
 
@@ -79,6 +87,8 @@ class FluxTransformer {
   Linear time_linear_1_, time_linear_2_, guidance_linear_1_, guidance_linear_2_, text_linear_1_, text_linear_2_;
   std::vector<flux::DoubleBlock> double_blocks_;  // indexed from max(first_block, 0)
   std::vector<flux::SingleBlock> single_blocks_;
+  // Streamed blocks (CUDA only); their entries in double_blocks_ / single_blocks_ hold no weights.
+  std::shared_ptr<OffloadedBlocks> offloaded_;
   Linear norm_out_, proj_out_;
 };
 
