@@ -21,6 +21,7 @@
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/memory_estimate.h"
+#include "runtime/components.h"
 #include "runtime/distributed_generate.h"
 #include "runtime/world.h"
 #include "tokenizers/unicode.h"
@@ -221,7 +222,11 @@ void generate_on_this_rank(const GenerateOptions& o) {
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
   const auto grid = flux.resolve_image_size(request);
-  check_memory(request, dtype, flux, decode && world.is_coordinator(), this_rank_device);
+  // Which rank runs CLIP, T5 and the VAE, checked here, before any weight is read: a map that names a GPU past
+  // the world is refused naming the component. The rank that decodes checks the VAE's activations.
+  const auto components = runtime::plan_components(flux.folder(), o.runtime.pipeline_device_map,
+                                                   o.runtime.max_memory, request.dtype, world.size());
+  check_memory(request, dtype, flux, decode && world.rank() == components.vae.rank, this_rank_device);
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
           request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
           request.seed, ", ", dtype, " on ", o.device);
@@ -238,12 +243,17 @@ void generate_on_this_rank(const GenerateOptions& o) {
             " s elapsed, ", per_step * (p.steps - p.step), " s left");
   };
   if (decode) {
-    outputs.on_images = [&](const at::Tensor& images) {
+    // Called as each microbatch's images arrive, so that a job that dies keeps what it finished.
+    outputs.on_images = [&](int64_t first_row, const at::Tensor& images, int decoded_on) {
       for (int64_t i = 0; i < images.size(0); ++i) {
         const at::Tensor image = images[i].contiguous();
         std::vector<uint8_t> pixels(image.data_ptr<uint8_t>(), image.data_ptr<uint8_t>() + image.numel());
-        written.push_back(out_paths[static_cast<size_t>(i)]);
+        const int64_t index = first_row + i;
+        DP_CHECK(index >= 0 && index < static_cast<int64_t>(out_paths.size()), "image ", index, " of a batch of ",
+                 out_paths.size());
+        written.push_back(out_paths[static_cast<size_t>(index)]);
         io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)));
+        DP_INFO("wrote ", written.back(), " (image ", index, ", decoded on rank ", decoded_on, ")");
       }
     };
   } else {
@@ -326,6 +336,10 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "pipeline, the time-balanced split over all ranks)");
   cmd->add_option("--max-memory", o->runtime.max_memory,
                   "memory per device for planning, as `plan` takes it (0=16GB,1=16GB,cpu=64GB or a JSON file)");
+  cmd->add_option("--pipeline-device-map", o->runtime.pipeline_device_map,
+                  "which ranks run CLIP, T5 and the VAE: only \"balanced\", diffusers' pipeline-level map, placed with "
+                  "--max-memory as `plan --pipeline-device-map balanced --components text_encoder,text_encoder_2,vae` "
+                  "shows it (GPU d is rank d; \"cpu\" is the coordinator on its CPU). Default: rank 0 runs all three");
   cmd->add_option("--microbatch-size", o->runtime.microbatch_size,
                   "images per microbatch in the denoising ring; with several microbatches every rank is busy "
                   "(latents equal for any world size at the same microbatch size)")

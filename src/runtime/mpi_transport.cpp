@@ -25,7 +25,9 @@ constexpr size_t kMaxPendingSends = 16;
 // No tensor the ring moves comes near this; a header claiming more is corrupt.
 constexpr int64_t kMaxTensorBytes = int64_t{64} << 30;
 
-const char* kind_names[] = {"?", "prompts", "step", "activations", "noise", "release", "shutdown"};
+const char* kind_names[] = {"?",        "prompts",    "step",   "activations", "noise",
+                            "release",  "shutdown",   "embeddings", "decode", "images"};
+static_assert(sizeof(kind_names) / sizeof(kind_names[0]) == kMessageKinds + 1, "a name for every message kind");
 
 int dtype_code(at::ScalarType type) {
   switch (type) {
@@ -33,6 +35,7 @@ int dtype_code(at::ScalarType type) {
     case at::kBFloat16: return 1;
     case at::kHalf: return 2;
     case at::kLong: return 3;
+    case at::kByte: return 4;
     default: DP_FAIL("the transport does not carry tensors of dtype ", type);
   }
 }
@@ -43,6 +46,7 @@ at::ScalarType dtype_of(int64_t code, int source) {
     case 1: return at::kBFloat16;
     case 2: return at::kHalf;
     case 3: return at::kLong;
+    case 4: return at::kByte;
     default: DP_FAIL("message from rank ", source, ": unknown dtype code ", code);
   }
 }
@@ -67,7 +71,7 @@ void post_chunks(char* data, int64_t bytes, Post&& post) {
 
 const char* message_kind_name(MessageKind kind) {
   const auto k = static_cast<int>(kind);
-  return k >= 1 && k <= 6 ? kind_names[k] : kind_names[0];
+  return k >= 1 && k <= kMessageKinds ? kind_names[k] : kind_names[0];
 }
 
 MpiTransport::MpiTransport(int rank, int world_size, double timeout_seconds)
@@ -136,9 +140,10 @@ Message MpiTransport::receive(int peer) {
   if (h[0] != kMagic) bad("bad magic (another program on this communicator?)");
   if ((h[1] >> 32) != kVersion) bad("wire version ", h[1] >> 32, ", this build speaks ", kVersion);
   const int64_t kind = h[1] & 0xffffffff;
-  if (kind < 1 || kind > 6) bad("unknown kind ", kind);
+  if (kind < 1 || kind > kMessageKinds) bad("unknown kind ", kind);
   if (h[4] < 0 || h[4] > kMaxTensors) bad(h[4], " tensors");
   Message message;
+  message.source = peer;
   message.kind = static_cast<MessageKind>(kind);
   message.microbatch = h[2];
   if (h[3] < std::numeric_limits<int32_t>::min() || h[3] > std::numeric_limits<int32_t>::max()) bad("step ", h[3]);
@@ -171,6 +176,35 @@ Message MpiTransport::receive(int peer) {
   }
   wait(requests, str(message_kind_name(message.kind), " tensors"), peer);
   return message;
+}
+
+Message MpiTransport::receive_any(const std::vector<int>& peers) {
+  DP_CHECK(!peers.empty(), "rank ", rank_, ": receive from no rank");
+  if (peers.size() == 1) return receive(peers.front());
+  using clock = std::chrono::steady_clock;
+  const auto started = clock::now();
+  auto pause = std::chrono::microseconds(10);
+  // Probe rather than post a receive from any source: a header is only taken from a peer once it is there, so
+  // each peer's messages stay in order and a message from a rank not in `peers` is never consumed here.
+  for (size_t turn = 0;; ++turn) {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const int peer = peers[(turn + i) % peers.size()];  // rotate, so that a busy peer cannot starve another
+      int arrived = 0;
+      check_mpi(MPI_Iprobe(peer, kDataTag, MPI_COMM_WORLD, &arrived, MPI_STATUS_IGNORE), "MPI_Iprobe");
+      if (arrived) return receive(peer);
+    }
+    progress_sends();
+    throw_if_a_rank_failed(rank_);
+    const double waited = std::chrono::duration<double>(clock::now() - started).count();
+    if (waited >= timeout_seconds_) {
+      std::string names;
+      for (int p : peers) names += (names.empty() ? "" : " or ") + std::to_string(p);
+      DP_FAIL("rank ", rank_, ": no message from rank ", names, " within ", std::fixed, std::setprecision(0),
+              timeout_seconds_, " s (--transport-timeout): a rank is stuck, dead or unreachable");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 void MpiTransport::flush() {
