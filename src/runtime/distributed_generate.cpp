@@ -469,17 +469,29 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   }  // the coordinator's blocks are released before a VAE that did not fit next to them loads
   if (outputs.on_latents) outputs.on_latents(final_latents);
   if (!decode) return;
-  {
-    pipeline::StageTimer timer("decode", local_decoder ? local_decoder->device() : device, flux.report_sink());
-    if (local_decoder) {
-      local_decoder->finish();
-    } else {
-      while (microbatches_written < microbatches) {
-        Message message = transport->receive(vae_place.rank);
-        take_images(message);
-      }
+  // The decode stage's report. With the VAE resident its work interleaves with denoising (and is inside the
+  // denoise stage's wall time too): the report books the VAE's load and decode seconds. When another rank
+  // decodes, it books what rank 0 spends waiting for the last images after denoising.
+  const auto decode_started = std::chrono::steady_clock::now();
+  if (local_decoder) {
+    local_decoder->finish();
+  } else {
+    while (microbatches_written < microbatches) {
+      Message message = transport->receive(vae_place.rank);
+      take_images(message);
     }
   }
+  pipeline::StageReport report;
+  report.name = "decode";
+  report.load_seconds = local_decoder ? local_decoder->load_seconds() : 0.0;
+  report.seconds = local_decoder ? local_decoder->load_seconds() + local_decoder->decode_seconds()
+                                 : pipeline::seconds_since(decode_started);
+  report.peak_resident_bytes = peak_resident_bytes();
+  report.peak_device_bytes = device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0;
+  DP_INFO("stage decode: ", microbatches, " microbatch(es) decoded on rank ", vae_place.rank, "; ", std::fixed,
+          std::setprecision(3), report.seconds, " s", local_decoder ? str(" (VAE load ", report.load_seconds, " s)")
+                                                                    : std::string(" waiting for the last images"));
+  flux.report_sink()->push_back(report);
   DP_CHECK(microbatches_written == microbatches, "rank 0: ", microbatches_written, " of ", microbatches,
            " microbatches' images were written");
 }
