@@ -178,6 +178,13 @@ Message MpiTransport::receive(int peer) {
   return message;
 }
 
+bool MpiTransport::has_message(int peer) {
+  DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
+  int arrived = 0;
+  check_mpi(MPI_Iprobe(peer, kDataTag, MPI_COMM_WORLD, &arrived, MPI_STATUS_IGNORE), "MPI_Iprobe");
+  return arrived != 0;
+}
+
 Message MpiTransport::receive_any(const std::vector<int>& peers) {
   DP_CHECK(!peers.empty(), "rank ", rank_, ": receive from no rank");
   if (peers.size() == 1) return receive(peers.front());
@@ -189,9 +196,7 @@ Message MpiTransport::receive_any(const std::vector<int>& peers) {
   for (size_t turn = 0;; ++turn) {
     for (size_t i = 0; i < peers.size(); ++i) {
       const int peer = peers[(turn + i) % peers.size()];  // rotate, so that a busy peer cannot starve another
-      int arrived = 0;
-      check_mpi(MPI_Iprobe(peer, kDataTag, MPI_COMM_WORLD, &arrived, MPI_STATUS_IGNORE), "MPI_Iprobe");
-      if (arrived) return receive(peer);
+      if (has_message(peer)) return receive(peer);
     }
     progress_sends();
     throw_if_a_rank_failed(rank_);

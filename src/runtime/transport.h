@@ -59,6 +59,8 @@ class Transport {
   // The next message from whichever of `peers` has one first (in order from each peer), waiting at most the
   // timeout in all; Message::source says which peer sent it.
   virtual Message receive_any(const std::vector<int>& peers) = 0;
+  // Whether a message from `peer` has arrived (never waits).
+  virtual bool has_message(int peer) = 0;
   // Waits (bounded) until every queued send has been delivered.
   virtual void flush() = 0;
   // Tells the coordinator that this rank failed; best effort, bounded by a few seconds.
