@@ -414,6 +414,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   };
   std::optional<MicrobatchDecoder> local_decoder;
   at::Tensor final_latents;
+  RankTimes ring_times;
   {
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
     auto stage = timer.loading("transformer load", load_stage);
@@ -459,16 +460,18 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     const auto began = std::chrono::steady_clock::now();
     final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
     executor.shutdown();
-    RankTimes times = executor.times();
-    times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
+    ring_times = executor.times();
+    ring_times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
               transport->bytes_received() / 1e6, " MB received");
   }  // the coordinator's blocks are released before a VAE that did not fit next to them loads
   if (outputs.on_latents) outputs.on_latents(final_latents);
-  if (!decode) return;
+  if (!decode) {
+    write_rank_report(options, world, layout, device, ring_times, load_seconds, load_bytes, transport.get());
+    return;
+  }
   // The decode stage's report. With the VAE resident its work interleaves with denoising (and is inside the
   // denoise stage's wall time too): the report books the VAE's load and decode seconds. When another rank
   // decodes, it books what rank 0 spends waiting for the last images after denoising.
@@ -492,6 +495,8 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
           std::setprecision(3), report.seconds, " s", local_decoder ? str(" (VAE load ", report.load_seconds, " s)")
                                                                     : std::string(" waiting for the last images"));
   flux.report_sink()->push_back(report);
+  // After the decode, so that the peak memory it reports covers a decode left for the end.
+  write_rank_report(options, world, layout, device, ring_times, load_seconds, load_bytes, transport.get());
   DP_CHECK(microbatches_written == microbatches, "rank 0: ", microbatches_written, " of ", microbatches,
            " microbatches' images were written");
 }
