@@ -21,6 +21,7 @@
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/memory_estimate.h"
+#include "runtime/components.h"
 #include "runtime/distributed_generate.h"
 #include "runtime/world.h"
 #include "tokenizers/unicode.h"
@@ -117,9 +118,9 @@ bool writes_in_place(const std::string& path) {
 }
 
 // Refuses before any work a request whose activations cannot fit the device's memory, with the estimate.
-// `device` is this rank's; `decode` whether this rank decodes (the coordinator, for PNG output).
+// `device` is this rank's; `decode` whether this rank decodes (the VAE's rank, for PNG output).
 void check_memory(const pipeline::GenerateRequest& request, const std::string& dtype, const pipeline::FluxPipeline& flux,
-                  bool decode, const at::Device& device) {
+                  bool decode, const at::Device& device, int64_t microbatch_size) {
   const auto transformer_config_path = flux.folder().component("transformer").path + "/config.json";
   const auto transformer = models::FluxConfig::from_json(read_json_file(transformer_config_path), transformer_config_path);
   std::optional<models::VaeConfig> vae;
@@ -127,9 +128,15 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
     const auto vae_config_path = flux.folder().component("vae").path + "/config.json";
     vae = models::VaeConfig::from_json(read_json_file(vae_config_path), vae_config_path);
   }
-  const pipeline::MemoryRequest memory_request{request.batch(), request.height, request.width,
+  // The transformer and the VAE work on one microbatch at a time (images are decoded as microbatches finish);
+  // only the latents are held for the whole batch.
+  const int64_t microbatch = std::min<int64_t>(std::max<int64_t>(microbatch_size, 1), request.batch());
+  const pipeline::MemoryRequest memory_request{microbatch, request.height, request.width,
                                                request.max_sequence_length, request.dtype};
-  const auto estimate = pipeline::estimate_generate_memory(memory_request, transformer, vae ? &*vae : nullptr);
+  auto estimate = pipeline::estimate_generate_memory(memory_request, transformer, vae ? &*vae : nullptr);
+  pipeline::MemoryRequest whole_batch = memory_request;
+  whole_batch.batch = request.batch();
+  estimate.latents_bytes = pipeline::estimate_generate_memory(whole_batch, transformer, nullptr).latents_bytes;
   const auto available = pipeline::available_memory(device);
   auto bytes = [](double b) { return human_bytes(b >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(b)); };
   DP_DEBUG("generate: memory estimate ", bytes(estimate.peak_bytes()), " (latents ", bytes(estimate.latents_bytes),
@@ -138,11 +145,12 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
   DP_CHECK(estimate.peak_bytes() <= static_cast<double>(available.bytes), request.width, "x", request.height, " x ",
            request.batch(), " image(s) in ", dtype,
            " needs at least ", bytes(estimate.peak_bytes()), " of memory on ", device.str(),
-           " besides the weights (", estimate.sequence_length, " tokens: transformer block ",
+           " besides the weights (microbatches of ", microbatch, " image(s), ", estimate.sequence_length,
+           " tokens: transformer block ",
            bytes(estimate.transformer_bytes), ", latents ", bytes(estimate.latents_bytes),
            decode ? ", VAE decode " + bytes(estimate.vae_decode_bytes) : std::string(), "), but ",
            human_bytes(available.bytes), " is available (", available.source,
-           "); lower --height/--width, the number of prompts or --num-images-per-prompt");
+           "); lower --height/--width, --microbatch-size, the number of prompts or --num-images-per-prompt");
 }
 
 // --report-json: the stage reports and the denoising loop's step times, for benchmark scripts.
@@ -224,7 +232,12 @@ void generate_on_this_rank(const GenerateOptions& o) {
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
   const auto grid = flux.resolve_image_size(request);
-  check_memory(request, dtype, flux, decode && world.is_coordinator(), this_rank_device);
+  // Which rank runs CLIP, T5 and the VAE, checked here, before any weight is read: a map that names a GPU past
+  // the world is refused naming the component. The rank that decodes checks the VAE's activations.
+  const auto components = runtime::plan_components(flux.folder(), o.runtime.pipeline_device_map,
+                                                   o.runtime.max_memory, request.dtype, world.size());
+  check_memory(request, dtype, flux, decode && world.rank() == components.vae.rank, this_rank_device,
+               o.runtime.microbatch_size);
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
           request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
           request.seed, ", ", dtype, " on ", o.device);
@@ -241,12 +254,17 @@ void generate_on_this_rank(const GenerateOptions& o) {
             " s elapsed, ", per_step * (p.steps - p.step), " s left");
   };
   if (decode) {
-    outputs.on_images = [&](const at::Tensor& images) {
+    // Called as each microbatch's images arrive, so that a job that dies keeps what it finished.
+    outputs.on_images = [&](int64_t first_row, const at::Tensor& images, int decoded_on) {
       for (int64_t i = 0; i < images.size(0); ++i) {
         const at::Tensor image = images[i].contiguous();
         std::vector<uint8_t> pixels(image.data_ptr<uint8_t>(), image.data_ptr<uint8_t>() + image.numel());
-        written.push_back(out_paths[static_cast<size_t>(i)]);
+        const int64_t index = first_row + i;
+        DP_CHECK(index >= 0 && index < static_cast<int64_t>(out_paths.size()), "image ", index, " of a batch of ",
+                 out_paths.size());
+        written.push_back(out_paths[static_cast<size_t>(index)]);
         io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)));
+        DP_INFO("wrote ", written.back(), " (image ", index, ", decoded on rank ", decoded_on, ")");
       }
     };
   } else {
@@ -329,6 +347,10 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "pipeline, the time-balanced split over all ranks)");
   cmd->add_option("--max-memory", o->runtime.max_memory,
                   "memory per device for planning, as `plan` takes it (0=16GB,1=16GB,cpu=64GB or a JSON file)");
+  cmd->add_option("--pipeline-device-map", o->runtime.pipeline_device_map,
+                  "which ranks run CLIP, T5 and the VAE: only \"balanced\", diffusers' pipeline-level map, placed with "
+                  "--max-memory as `plan --pipeline-device-map balanced --components text_encoder,text_encoder_2,vae` "
+                  "shows it (GPU d is rank d; \"cpu\" is the coordinator on its CPU). Default: rank 0 runs all three");
   cmd->add_option("--microbatch-size", o->runtime.microbatch_size,
                   "images per microbatch in the denoising ring; with several microbatches every rank is busy "
                   "(latents equal for any world size at the same microbatch size)")

@@ -59,21 +59,31 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
     return std::vector<at::Tensor>{m.latents, timestep, guidance};
   };
 
-  // Steps enter in microbatch order and a microbatch's next step enters as soon as its previous one is back,
-  // so with at least as many microbatches as stages every stage has work.
+  // A window of `depth` microbatches circulates: each has one step in flight at a time, and a microbatch's next
+  // step enters as soon as its previous one is back, so with at least as many microbatches as stages every
+  // stage has work. A microbatch's prompts reach the first stage only when it enters the window, so the stage
+  // keeps the embedded prompts of the window, not of the whole batch.
+  const int depth = std::max(1, executor.max_in_flight());
+  const auto count = static_cast<int64_t>(microbatches.size());
   std::deque<int64_t> ready;
-  for (int64_t i = 0; i < static_cast<int64_t>(microbatches.size()); ++i) {
-    const auto& m = microbatches[static_cast<size_t>(i)];
-    executor.send_prompts(i, job.prompt_embeds.narrow(0, m.first_row, m.latents.size(0)),
-                          job.pooled.narrow(0, m.first_row, m.latents.size(0)));
-    ready.push_back(i);
-  }
+  int64_t next_to_enter = 0;
+  int active = 0;
+  const auto admit = [&] {
+    while (active < depth && next_to_enter < count) {
+      const int64_t i = next_to_enter++;
+      const auto& m = microbatches[static_cast<size_t>(i)];
+      executor.send_prompts(i, job.prompt_embeds.narrow(0, m.first_row, m.latents.size(0)),
+                            job.pooled.narrow(0, m.first_row, m.latents.size(0)));
+      ready.push_back(i);
+      ++active;
+    }
+  };
+  admit();
   const auto started = std::chrono::steady_clock::now();
-  std::vector<int> finished_steps(microbatches.size(), 0);
+  int64_t row_steps_done = 0;  // sum over microbatches of rows x steps finished
   int reported_step = 0;
   int64_t images_done = 0;
   int in_flight = 0;
-  const int depth = std::max(1, executor.max_in_flight());
   while (!ready.empty() || in_flight > 0) {
     while (!ready.empty() && in_flight < depth) {
       const int64_t id = ready.front();
@@ -84,29 +94,33 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
     }
     StepResult result = executor.wait_result();
     --in_flight;
-    DP_CHECK(result.microbatch >= 0 && result.microbatch < static_cast<int64_t>(microbatches.size()),
-             "a result came back for unknown microbatch ", result.microbatch);
+    DP_CHECK(result.microbatch >= 0 && result.microbatch < next_to_enter,
+             "a result came back for microbatch ", result.microbatch, ", which is not in flight");
     auto& m = microbatches[static_cast<size_t>(result.microbatch)];
-    DP_CHECK(result.step == m.next_step, "microbatch ", result.microbatch, ": result of step ", result.step,
-             " while step ", m.next_step, " was in flight");
+    DP_CHECK(m.latents.defined() && result.step == m.next_step, "microbatch ", result.microbatch, ": result of step ",
+             result.step, " while step ", m.next_step, " was in flight");
     m.latents = job.scheduler->step(result.noise_pred.to(m.latents.device()), m.next_step, m.latents);
     if (callbacks.check_step) callbacks.check_step(result.microbatch, m.next_step, m.latents);
     ++m.next_step;
-    finished_steps[static_cast<size_t>(result.microbatch)] = m.next_step;
+    row_steps_done += m.latents.size(0);
     if (m.next_step < steps) {
       ready.push_back(result.microbatch);
     } else {
       executor.release(result.microbatch);
       images_done += m.latents.size(0);
+      --active;
       if (callbacks.on_microbatch_done) callbacks.on_microbatch_done(m.first_row, m.latents);
+      if (!job.keep_final_latents) m.latents = at::Tensor();
+      admit();
     }
-    const int slowest = *std::min_element(finished_steps.begin(), finished_steps.end());
-    for (; reported_step < slowest; ++reported_step) {
+    const int whole_steps = static_cast<int>(row_steps_done / batch);
+    for (; reported_step < whole_steps; ++reported_step) {
       if (callbacks.on_step)
         callbacks.on_step({reported_step + 1, steps, images_done,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
     }
   }
+  if (!job.keep_final_latents) return at::Tensor();
   std::vector<at::Tensor> parts;
   for (const auto& m : microbatches) parts.push_back(m.latents);
   return at::cat(parts, 0);

@@ -62,11 +62,17 @@ struct DenoiseJob {
   double guidance = 3.5;
   bool guidance_embeds = true;  // the transformer's config: whether guidance is an input
   int64_t microbatch_size = 1;  // images per microbatch; the last one may be smaller
+  // Whether run_denoise_loop returns the whole batch's final latents. Off when each finished microbatch goes to
+  // on_microbatch_done and nothing else needs it (PNG output): its latents are dropped there, so a batch of
+  // hundreds of images holds only the microbatches in flight.
+  bool keep_final_latents = true;
   const schedulers::FlowMatchEulerScheduler* scheduler = nullptr;  // timesteps set
 };
 
 struct LoopProgress {
-  int step = 0;   // every microbatch has finished this many steps
+  // Steps of the whole batch done: microbatch steps finished, in units of one step of every image (rounded
+  // down). Microbatches run a few at a time, so this counts work done, not the slowest microbatch's step.
+  int step = 0;
   int steps = 0;
   int64_t images_done = 0;
   double elapsed_seconds = 0;
@@ -81,7 +87,10 @@ struct LoopCallbacks {
   std::function<void(int64_t microbatch, int step, const at::Tensor& latents)> check_step;
 };
 
-// Runs the loop to the end and returns the final latents of the whole batch (B, N_img, C).
+// Runs the loop to the end and returns the final latents of the whole batch (B, N_img, C), or an undefined
+// tensor when job.keep_final_latents is off. Microbatches enter a window of executor.max_in_flight() at a time,
+// in order: enough to keep every stage busy, and each leaves (and is handed to on_microbatch_done) as soon as
+// its last step is back, so microbatches finish one after another rather than all in the last round.
 at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, const LoopCallbacks& callbacks);
 
 }  // namespace dp::pipeline

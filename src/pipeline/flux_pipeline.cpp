@@ -84,39 +84,70 @@ LatentGrid FluxPipeline::resolve_image_size(GenerateRequest& request) const {
 }
 
 PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
-  c10::InferenceMode guard;
   StageTimer timer("encode", request.device, &reports_);
+  at::Tensor pooled = encode_clip_pooled(request, request.device, timer);
+  at::Tensor t5 = encode_t5(request, request.device, timer);
+  return expand_per_image(request, std::move(pooled), std::move(t5));
+}
+
+namespace {
+
+// Runs `forward` on the token rows kEncodeChunk prompts at a time and gathers the outputs on the host.
+template <typename Forward>
+at::Tensor encode_in_chunks(const std::vector<std::vector<int64_t>>& rows, const at::Device& device, Forward&& forward) {
+  std::vector<at::Tensor> parts;
+  const auto count = static_cast<int64_t>(rows.size());
+  for (int64_t first = 0; first < count; first += FluxPipeline::kEncodeChunk) {
+    const int64_t last = std::min(count, first + FluxPipeline::kEncodeChunk);
+    const std::vector<std::vector<int64_t>> chunk(rows.begin() + first, rows.begin() + last);
+    parts.push_back(forward(ids_tensor(chunk).to(device)).to(at::kCPU));
+  }
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 0);
+}
+
+}  // namespace
+
+at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, const at::Device& device,
+                                            StageTimer& timer) {
+  c10::InferenceMode guard;
+  const auto rows = timer.timed("CLIP tokenizer", [&] {
+    const auto tokenizer = tokenizers::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
+    std::vector<std::vector<int64_t>> ids;
+    for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt));
+    return ids;
+  });
+  const auto clip = timer.loading("CLIP load", [&] {
+    return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, device);
+  });
+  return timer.timed("CLIP forward", [&] {
+    return encode_in_chunks(rows, device, [&](const at::Tensor& ids) { return clip.forward(ids).pooled_output; });
+  });
+}  // CLIP released here
+
+at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer) {
+  c10::InferenceMode guard;
+  const auto rows = timer.timed("T5 tokenizer", [&] {
+    const auto tokenizer = tokenizers::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
+    std::vector<std::vector<int64_t>> ids;
+    for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
+    return ids;
+  });
+  const auto t5 = timer.loading("T5 load", [&] {
+    return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, device);
+  });
+  return timer.timed("T5 forward", [&] {
+    return encode_in_chunks(rows, device, [&](const at::Tensor& ids) { return t5.forward(ids); });
+  });
+}  // T5 released here
+
+PromptEmbeddings FluxPipeline::expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5) {
+  DP_CHECK(pooled.size(0) == static_cast<int64_t>(request.prompts.size()) && t5.size(0) == pooled.size(0),
+           "prompt embeddings for ", pooled.size(0), " (CLIP) and ", t5.size(0), " (T5) prompts, expected ",
+           request.prompts.size());
   PromptEmbeddings out;
-  {
-    const auto rows = timer.timed("CLIP tokenizer", [&] {
-      const auto tokenizer = tokenizers::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
-      std::vector<std::vector<int64_t>> ids;
-      for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt));
-      return ids;
-    });
-    const auto clip = timer.loading("CLIP load", [&] {
-      return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, request.device);
-    });
-    out.pooled = timer.timed("CLIP forward", [&] {
-      return repeat_per_prompt(clip.forward(ids_tensor(rows).to(request.device)).pooled_output,
-                               request.num_images_per_prompt);
-    });
-  }  // CLIP released here
-  {
-    const auto rows = timer.timed("T5 tokenizer", [&] {
-      const auto tokenizer = tokenizers::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
-      std::vector<std::vector<int64_t>> ids;
-      for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
-      return ids;
-    });
-    const auto t5 = timer.loading("T5 load", [&] {
-      return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, request.device);
-    });
-    out.prompt_embeds = timer.timed("T5 forward", [&] {
-      return repeat_per_prompt(t5.forward(ids_tensor(rows).to(request.device)), request.num_images_per_prompt);
-    });
-  }  // T5 released here
-  out.text_ids = at::zeros({request.max_sequence_length, 3}, at::TensorOptions().device(request.device));
+  out.pooled = repeat_per_prompt(pooled, request.num_images_per_prompt);
+  out.prompt_embeds = repeat_per_prompt(t5, request.num_images_per_prompt);
+  out.text_ids = at::zeros({request.max_sequence_length, 3});
   return out;
 }
 
@@ -179,13 +210,23 @@ DenoiseSchedule FluxPipeline::schedule(const GenerateRequest& request, int64_t i
 at::Tensor FluxPipeline::decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents) {
   c10::InferenceMode guard;
   StageTimer timer("decode", request.device, &reports_);
-  const auto vae = timer.loading(
-      "VAE load", [&] { return models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, request.device); });
+  const auto vae = timer.loading("VAE load", [&] { return load_vae(request, grid, request.device); });
+  return timer.timed("VAE decode", [&] { return decode_with(vae, grid, latents); });
+}
+
+models::AutoencoderKL FluxPipeline::load_vae(const GenerateRequest& request, const LatentGrid& grid,
+                                             const at::Device& device) const {
+  auto vae = models::AutoencoderKL::load(folder_.component("vae").path, request.dtype, device);
   DP_CHECK(vae.config().spatial_scale() == grid.vae_scale_factor, folder_.component("vae").path,
            ": the VAE scales by ", vae.config().spatial_scale(), " but the latent grid was laid out for ",
            grid.vae_scale_factor);
-  const at::Tensor z = vae.unscale_latents(unpack_latents(latents, grid));
-  const at::Tensor image = timer.timed("VAE decode", [&] { return vae.decode(z); });
+  return vae;
+}
+
+at::Tensor FluxPipeline::decode_with(const models::AutoencoderKL& vae, const LatentGrid& grid, const at::Tensor& latents) {
+  c10::InferenceMode guard;
+  const at::Tensor z = vae.unscale_latents(unpack_latents(latents.to(vae.device()), grid));
+  const at::Tensor image = vae.decode(z);
   // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.
   const at::Tensor unit = (image / 2 + 0.5).clamp(0, 1);
   return (unit.permute({0, 2, 3, 1}).to(at::kCPU, at::kFloat) * 255).round().to(at::kByte).contiguous();

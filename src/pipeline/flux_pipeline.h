@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "io/model_folder.h"
+#include "models/vae/vae.h"
 #include "pipeline/latent_layout.h"
 #include "schedulers/flow_match_scheduler.h"
 
 namespace dp::pipeline {
+
+class StageTimer;  // stage_timer.h
 
 struct GenerateRequest {
   // Hard limits, stated in `generate --help`. The memory estimate (memory_estimate.h) refuses most requests
@@ -85,6 +88,15 @@ class FluxPipeline {
   LatentGrid resolve_image_size(GenerateRequest& request) const;
 
   PromptEmbeddings encode_prompts(const GenerateRequest& request);
+  // The encode phase's two halves, each runnable on its own rank and device: one row per prompt (not yet
+  // repeated per image), returned on the host. Prompts go through the encoder kEncodeChunk at a time, so a
+  // prompts file of hundreds holds one chunk's activations on the device, not all of them.
+  static constexpr int64_t kEncodeChunk = 16;
+  // Their parts are timed within `timer`, the encode stage of whichever rank runs them.
+  at::Tensor encode_clip_pooled(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
+  at::Tensor encode_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
+  // Each prompt's rows repeated num_images_per_prompt times in a row, as diffusers' repeat + view does.
+  static PromptEmbeddings expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5);
   // randn in the run dtype from a CPU generator seeded with request.seed, then packed: (B * n, seq, 4C).
   at::Tensor initial_latents(const GenerateRequest& request, const LatentGrid& grid) const;
   at::Tensor denoise(const GenerateRequest& request, const LatentGrid& grid, const PromptEmbeddings& prompts,
@@ -93,6 +105,9 @@ class FluxPipeline {
   DenoiseSchedule schedule(const GenerateRequest& request, int64_t image_tokens) const;
   // Packed latents to 8-bit RGB images (B, H, W, 3), exactly as the PIL output of diffusers.
   at::Tensor decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents);
+  // decode() in two parts, for a VAE that stays loaded while microbatches finish one by one.
+  models::AutoencoderKL load_vae(const GenerateRequest& request, const LatentGrid& grid, const at::Device& device) const;
+  static at::Tensor decode_with(const models::AutoencoderKL& vae, const LatentGrid& grid, const at::Tensor& latents);
 
   const std::vector<StageReport>& reports() const { return reports_; }
   // Where stages run outside this class (the runtime's denoise) record their reports.

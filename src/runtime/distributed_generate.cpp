@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -33,6 +34,9 @@
 #include "pipeline/stage_timer.h"
 #include "placement/plan.h"
 #include "placement/ring_stages.h"
+#include "placement/component_placement.h"
+#include "runtime/components.h"
+#include "runtime/microbatch_decoder.h"
 #include "runtime/mpi_transport.h"
 #ifdef DIFFPIPE_HAVE_NCCL
 #include "runtime/nccl_transport.h"
@@ -113,7 +117,9 @@ std::string request_digest(const pipeline::GenerateRequest& request, const Runti
   return str(request.prompts.size(), " prompts (", prompts.hex(), ") x ", request.num_images_per_prompt, ", ",
              request.width, "x", request.height, ", ", request.steps, " steps, seed ", request.seed, ", guidance ",
              request.guidance, ", ", io::run_dtype_name(request.dtype), ", ", request.max_sequence_length,
-             " tokens, microbatch ", options.microbatch_size, ", device ", request.device.type() == at::kCUDA ? "cuda" : "cpu");
+             " tokens, microbatch ", options.microbatch_size, ", device ", request.device.type() == at::kCUDA ? "cuda" : "cpu",
+             ", components ", options.pipeline_device_map.empty() ? "on the coordinator" : options.pipeline_device_map,
+             ", max_memory ", options.max_memory);
 }
 
 std::string describe_stages(const std::vector<placement::RankStage>& stages) {
@@ -286,6 +292,49 @@ void log_offload(const World& world, const pipeline::FluxStage* stage) {
           " s of copy time on the side stream (", std::setprecision(1), stats.host_bytes / 1e6, " MB pinned on the host)");
 }
 
+// The component messages' codes in Message::step, so that a chunk of CLIP's output is never taken for T5's.
+constexpr int32_t kClipCode = 0;
+constexpr int32_t kT5Code = 1;
+
+// An encoder rank other than 0: its output to the coordinator, kEncodeChunk prompts a message.
+void send_embeddings(Transport& transport, const at::Tensor& rows, int32_t component_code) {
+  const int64_t count = rows.size(0);
+  for (int64_t first = 0, chunk = 0; first < count; first += pipeline::FluxPipeline::kEncodeChunk, ++chunk) {
+    const int64_t n = std::min(pipeline::FluxPipeline::kEncodeChunk, count - first);
+    transport.send(0, {MessageKind::embeddings, chunk, component_code, {rows.narrow(0, first, n)}});
+  }
+}
+
+// On the coordinator: an encoder rank's output, every chunk's header checked against what was asked for.
+at::Tensor receive_embeddings(Transport& transport, const ComponentPlace& place, int32_t component_code,
+                              std::vector<int64_t> row_shape, const pipeline::GenerateRequest& request) {
+  const auto prompts = static_cast<int64_t>(request.prompts.size());
+  std::vector<at::Tensor> parts;
+  for (int64_t first = 0, chunk = 0; first < prompts; first += pipeline::FluxPipeline::kEncodeChunk, ++chunk) {
+    const int64_t n = std::min(pipeline::FluxPipeline::kEncodeChunk, prompts - first);
+    Message message = transport.receive(place.rank);
+    std::vector<int64_t> shape = {n};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    const bool ok = message.kind == MessageKind::embeddings && message.step == component_code &&
+                    message.microbatch == chunk && message.tensors.size() == 1 && message.tensors[0].defined() &&
+                    message.tensors[0].sizes().vec() == shape && message.tensors[0].scalar_type() == request.dtype;
+    DP_CHECK(ok, "rank 0: expected chunk ", chunk, " of ", place.name, "'s output from rank ", place.rank, " (",
+             at::IntArrayRef(shape), " ", request.dtype, "), got a ", message_kind_name(message.kind), " message (chunk ",
+             message.microbatch, ", code ", message.step, ", ", message.tensors.size(), " tensor(s)",
+             message.tensors.empty() || !message.tensors[0].defined()
+                 ? std::string()
+                 : str(", ", message.tensors[0].sizes(), " ", message.tensors[0].scalar_type()),
+             ")");
+    parts.push_back(std::move(message.tensors[0]));
+  }
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 0);
+}
+
+// Rows of microbatch `id`: the loop cuts the batch into microbatch_size rows, the last one smaller.
+int64_t microbatch_rows(int64_t id, int64_t batch, int64_t microbatch_size) {
+  return std::min(microbatch_size, batch - id * microbatch_size);
+}
+
 void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
                const RuntimeOptions& options, const Outputs& outputs, World& world,
                std::unique_ptr<Transport>& transport) {
@@ -295,21 +344,32 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     DP_INFO("runtime: ", world.size(), " rank(s); ", world.uses_mpi() ? world.mpi_version() : "no MPI launcher",
             "; ", nccl_version_text(true), "; LibTorch ", TORCH_VERSION, "; build ", build_id(), "; transport ",
             transport_name);
+  const bool decode = static_cast<bool>(outputs.on_images);
   world.agree("diffpipe build", build_id(), options.transport_timeout_seconds);
   world.agree("transport (--transport, device, NCCL in the build)", transport_name, options.transport_timeout_seconds);
   // One process holds one libnccl: the ranks must have loaded the same one (a node whose LibTorch's copy won
   // would speak another NCCL).
   if (transport_name == "nccl")
     world.agree("NCCL version (the library loaded)", nccl_version_text(false), options.transport_timeout_seconds);
-  world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size)",
-              request_digest(request, options), options.transport_timeout_seconds);
+  world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size, output, component map)",
+              request_digest(request, options) + (decode ? ", png" : ", latent"), options.transport_timeout_seconds);
   const std::string transformer_dir = flux.folder().component("transformer").path;
   world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir),
               options.transport_timeout_seconds);
+  // Before anything loads: a component map naming a rank past the world is refused here, on every rank.
+  const ComponentPlan components = plan_components(flux.folder(), options.pipeline_device_map, options.max_memory,
+                                                   request.dtype, world.size());
   const Plan plan = plan_transformer(flux, request, grid, options, world.size());
   world.agree("plan (device map and block ranges)", plan.digest, options.transport_timeout_seconds);
   const RingLayout layout(plan.stages, world.size());
-  if (world.is_coordinator()) DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
+  if (world.is_coordinator()) {
+    DP_INFO("runtime: ring ", describe_stages(plan.stages), "; hf_device_map ", plan.hf_device_map.dump());
+    const char* source = components.from_map ? " (--pipeline-device-map balanced)" : " (the coordinator)";
+    DP_INFO("phase encode: hf_device_map ", components.encode_map().dump(), source);
+    DP_INFO("phase denoise: hf_device_map ", plan.hf_device_map.dump());
+    if (decode) DP_INFO("phase decode: hf_device_map ", components.decode_map().dump(), source);
+  }
+
   const at::Device device = rank_device(request.device, world);
   cap_device_memory(options, world, device);
   if (world.uses_mpi()) transport = make_transport(transport_name, layout, world, device, options);
@@ -332,32 +392,146 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     return stage;
   };
 
+  const int64_t batch = request.batch();
+  const int64_t microbatches = (batch + options.microbatch_size - 1) / options.microbatch_size;
+  const ComponentPlace& vae_place = components.vae;
+  const bool decodes_here = decode && world.rank() == vae_place.rank;
+  // The VAE's budget on its rank: its --max-memory entry (the GPU that is this rank, or cpu), else free memory.
+  const auto decode_budget = [&](uint64_t stage_bytes) {
+    DecodeBudget budget;
+    budget.stage_bytes = stage_bytes;
+    budget.vae_bytes = vae_place.bytes;
+    if (budget.vae_bytes == 0) {
+      const auto& vae = flux.folder().component("vae");
+      budget.vae_bytes = placement::component_bytes(vae, flux.folder().config("vae"), io::to_safetensors_dtype(request.dtype));
+    }
+    if (!options.max_memory.empty()) {
+      const auto caps = placement::read_max_memory_argument(options.max_memory);
+      // GPU d is rank d, on a CPU run too (the plan budgets ranks the same way); "cpu" for a VAE the map puts there.
+      const auto key = vae_place.on_cpu ? placement::Device::cpu() : placement::Device::gpu(world.rank());
+      if (caps.has(key)) budget.cap_bytes = caps.at(key);
+    }
+    return budget;
+  };
+
+  // The encode phase on this rank: the encoders the map gives it, each loaded, run and freed in turn.
+  at::Tensor pooled, t5_rows;
+  {
+    std::optional<pipeline::StageTimer> timer;
+    if (world.is_coordinator() || world.rank() == components.clip.rank || world.rank() == components.t5.rank)
+      timer.emplace("encode", device, flux.report_sink());
+    if (world.rank() == components.clip.rank) {
+      pooled = flux.encode_clip_pooled(request, components.clip.device(device), *timer);
+      if (!world.is_coordinator()) send_embeddings(*transport, pooled, kClipCode);
+    }
+    if (world.rank() == components.t5.rank) {
+      t5_rows = flux.encode_t5(request, components.t5.device(device), *timer);
+      if (!world.is_coordinator()) send_embeddings(*transport, t5_rows, kT5Code);
+    }
+    if (world.is_coordinator()) {
+      const std::string config_path = transformer_dir + "/config.json";
+      const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+      if (components.clip.rank != 0)
+        pooled = receive_embeddings(*transport, components.clip, kClipCode, {config.pooled_projection_dim}, request);
+      if (components.t5.rank != 0)
+        t5_rows = receive_embeddings(*transport, components.t5, kT5Code,
+                                     {request.max_sequence_length, config.joint_attention_dim}, request);
+    }
+  }
+
   if (!world.is_coordinator()) {
-    auto stage = load_stage();  // while rank 0 encodes the prompts
+    pooled = t5_rows = at::Tensor();  // sent; the coordinator keeps them
+    auto stage = load_stage();  // while rank 0 finishes encoding
+    std::optional<MicrobatchDecoder> decoder;
+    std::function<void(Message&)> on_decode;
+    if (decodes_here) {
+      decoder.emplace(flux, request, grid, options.microbatch_size, vae_place.device(device), world.rank(),
+                      [&](int64_t microbatch, const at::Tensor& images) {
+                        transport->send(0, {MessageKind::images, microbatch, -1, {images}});
+                      });
+      decoder->prepare(decode_budget(load_bytes));
+      std::vector<bool> seen(static_cast<size_t>(microbatches), false);
+      on_decode = [&, seen](Message& message) mutable {
+        const int64_t id = message.microbatch;
+        const bool known = id >= 0 && id < microbatches && !seen[static_cast<size_t>(id)];
+        DP_CHECK(message.kind == MessageKind::decode && known && message.tensors.size() == 1 &&
+                     message.tensors[0].defined() && message.tensors[0].dim() == 3 &&
+                     message.tensors[0].size(0) == microbatch_rows(id, batch, options.microbatch_size),
+                 "rank ", world.rank(), ": malformed decode message from rank ", message.source, " (",
+                 message_kind_name(message.kind), ", microbatch ", id, known ? "" : " unknown or repeated", ", ",
+                 message.tensors.size(), " tensor(s))");
+        seen[static_cast<size_t>(id)] = true;
+        decoder->accept(id, message.tensors[0]);
+      };
+    }
     const RankTimes times = pipeline::run_phase(world.rank(), str("denoising (blocks [", mine ? mine->first_block : 0, ", ",
                                                                  mine ? mine->last_block : 0, "))"),
                                                 [&] { return run_stage_worker(world.rank(), layout, *transport, stage.get(), device,
-                                                                              options.transport_timeout_seconds); });
+                                                                              options.transport_timeout_seconds, on_decode); });
     log_offload(world, stage.get());
+    const models::OffloadStats offload = stage ? stage->offload_stats() : models::OffloadStats{};
+    stage.reset();  // the blocks are freed before a VAE that did not fit next to them loads
+    if (decoder) {
+      // Decode messages the coordinator sent before the ring's shutdown reached this rank by another path.
+      while (decoder->accepted() < microbatches) {
+        Message message = transport->receive(0);
+        on_decode(message);
+      }
+      decoder->finish();
+      transport->flush();
+      DP_INFO("rank ", world.rank(), ": decoded ", microbatches, " microbatch(es) in ", std::fixed, std::setprecision(2),
+              decoder->decode_seconds(), " s (VAE load ", decoder->load_seconds(), " s)");
+    }
     DP_INFO("rank ", world.rank(), ": ", times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
     write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get(),
-                      stage ? stage->offload_stats() : models::OffloadStats{});
+                      offload);
     return;
   }
 
-  // The coordinator: encode, then its own stage, then the ring.
-  const auto prompts = pipeline::run_phase(0, "encoding prompts", [&] { return flux.encode_prompts(request); });
+  // The coordinator: embeddings on the host, one row per image; the initial noise of the whole batch.
+  const auto prompts = pipeline::FluxPipeline::expand_per_image(request, std::move(pooled), std::move(t5_rows));
   const at::Tensor latents = flux.initial_latents(request, grid);
   // The text encoders' cached segments would otherwise be split by the blocks' weights and count against the cap.
   pipeline::release_cached_memory(device);
+  std::vector<bool> images_in(static_cast<size_t>(microbatches), false);
+  int64_t microbatches_written = 0;
+  const auto write_images = [&](int64_t microbatch, const at::Tensor& images, int rank) {
+    outputs.on_images(microbatch * options.microbatch_size, images, rank);
+    images_in[static_cast<size_t>(microbatch)] = true;
+    ++microbatches_written;
+  };
+  // Images from the decoding rank, their header checked before anything is written.
+  const auto take_images = [&](Message& message) {
+    const int64_t id = message.microbatch;
+    const bool known = id >= 0 && id < microbatches && !images_in[static_cast<size_t>(id)];
+    const at::Tensor* images = message.tensors.size() == 1 ? &message.tensors[0] : nullptr;
+    const bool shaped = images != nullptr && images->defined() && images->scalar_type() == at::kByte &&
+                        images->dim() == 4 && images->size(0) == (known ? microbatch_rows(id, batch, options.microbatch_size) : -1) &&
+                        images->size(1) == request.height && images->size(2) == request.width && images->size(3) == 3;
+    DP_CHECK(message.kind == MessageKind::images && message.source == vae_place.rank && known && shaped,
+             "rank 0: expected the images of a finished microbatch from rank ", vae_place.rank, ", got a ",
+             message_kind_name(message.kind), " message from rank ", message.source, " (microbatch ", id,
+             known ? "" : ", unknown or already written", images && images->defined() ? str(", ", images->sizes()) : "",
+             ")");
+    write_images(id, *images, vae_place.rank);
+  };
+  std::optional<MicrobatchDecoder> local_decoder;
   at::Tensor final_latents;
+  RankTimes ring_times;
+  models::OffloadStats coordinator_offload;
   {
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
     auto stage = timer.loading("transformer load", load_stage);
+    if (decodes_here) {
+      local_decoder.emplace(flux, request, grid, options.microbatch_size, vae_place.device(device), 0,
+                            [&](int64_t microbatch, const at::Tensor& images) { write_images(microbatch, images, 0); });
+      local_decoder->prepare(decode_budget(load_bytes));
+    }
     const pipeline::DenoiseSchedule schedule = flux.schedule(request, latents.size(1));
     RingExecutor executor(layout, transport.get(), stage, device, options.transport_timeout_seconds);
+    if (decode && vae_place.rank != 0) executor.listen_to(vae_place.rank, take_images);
     pipeline::DenoiseJob job;
     job.latents = latents;
     job.prompt_embeds = prompts.prompt_embeds;
@@ -366,6 +540,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     job.guidance_embeds = schedule.guidance_embeds;
     job.microbatch_size = options.microbatch_size;
     job.scheduler = &schedule.scheduler;
+    job.keep_final_latents = !decode;  // the HDF5 output holds the whole batch; images need only each microbatch
     pipeline::LoopCallbacks callbacks;
     // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
     const int steps = schedule.scheduler.num_inference_steps();
@@ -373,6 +548,15 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     callbacks.check_step = [steps, several_microbatches](int64_t microbatch, int step, const at::Tensor& stepped) {
       pipeline::check_step_latents(stepped, {step + 1, steps, several_microbatches ? str("microbatch ", microbatch) : ""});
     };
+    if (decode) {
+      callbacks.on_microbatch_done = [&](int64_t first_row, const at::Tensor& done) {
+        const int64_t id = first_row / options.microbatch_size;
+        DP_INFO("microbatch ", id, " finished (images ", first_row, " to ", first_row + done.size(0) - 1,
+                "): to rank ", vae_place.rank, " to decode");
+        if (local_decoder) local_decoder->accept(id, done);
+        else transport->send(vae_place.rank, {MessageKind::decode, id, -1, {done}});
+      };
+    }
     if (outputs.on_step) {
       callbacks.on_step = [&](const pipeline::LoopProgress& p) {
         // The step's latents come from the compute stream: waiting for that stream alone keeps the progress
@@ -388,19 +572,49 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     final_latents = pipeline::run_phase(0, "denoising", [&] { return pipeline::run_denoise_loop(job, executor, callbacks); });
     log_offload(world, stage.get());
     executor.shutdown();
-    RankTimes times = executor.times();
-    times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get(),
-                      stage ? stage->offload_stats() : models::OffloadStats{});
+    ring_times = executor.times();
+    ring_times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    coordinator_offload = stage ? stage->offload_stats() : models::OffloadStats{};
     if (transport)
       DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
               transport->bytes_received() / 1e6, " MB received");
-  }  // the coordinator's blocks are released before the VAE loads
+  }  // the coordinator's blocks are released before a VAE that did not fit next to them loads
   pipeline::release_cached_memory(device);
   if (outputs.on_latents) outputs.on_latents(final_latents);
-  if (outputs.on_images)
-    outputs.on_images(pipeline::run_phase(0, "decoding", [&] { return flux.decode(request, grid, final_latents); }));
+  if (!decode) {
+    write_rank_report(options, world, layout, device, ring_times, load_seconds, load_bytes, transport_name,
+                      transport.get(), coordinator_offload);
+    return;
+  }
+  // The decode stage's report. With the VAE resident its work interleaves with denoising (and is inside the
+  // denoise stage's wall time too): the report books the VAE's load and decode seconds. When another rank
+  // decodes, it books what rank 0 spends waiting for the last images after denoising.
+  const auto decode_started = std::chrono::steady_clock::now();
+  if (local_decoder) {
+    local_decoder->finish();
+  } else {
+    while (microbatches_written < microbatches) {
+      Message message = transport->receive(vae_place.rank);
+      take_images(message);
+    }
+  }
+  pipeline::StageReport report;
+  report.name = "decode";
+  report.load_seconds = local_decoder ? local_decoder->load_seconds() : 0.0;
+  report.seconds = local_decoder ? local_decoder->load_seconds() + local_decoder->decode_seconds()
+                                 : pipeline::seconds_since(decode_started);
+  report.peak_resident_bytes = peak_resident_bytes();
+  report.peak_device_bytes = device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0;
+  DP_INFO("stage decode: ", microbatches, " microbatch(es) decoded on rank ", vae_place.rank, "; ", std::fixed,
+          std::setprecision(3), report.seconds, " s", local_decoder ? str(" (VAE load ", report.load_seconds, " s)")
+                                                                    : std::string(" waiting for the last images"));
+  flux.report_sink()->push_back(report);
+  // After the decode, so that the peak memory it reports covers a decode left for the end.
+  write_rank_report(options, world, layout, device, ring_times, load_seconds, load_bytes, transport_name,
+                      transport.get(), coordinator_offload);
+  DP_CHECK(microbatches_written == microbatches, "rank 0: ", microbatches_written, " of ", microbatches,
+           " microbatches' images were written");
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #pragma once
 // `diffpipe generate` over the MPI world: the same pipeline phases on one rank or N. Every rank plans the
-// transformer split from the same headers and checks that the others agree (build, model, plan). Rank 0
-// encodes the prompts while the other ranks load their blocks, then drives the denoising ring and decodes.
+// transformer split from the same headers and checks that the others agree (build, model, plan). The ranks
+// --pipeline-device-map names run CLIP and T5 (rank 0 without it) and send their outputs to rank 0, while the
+// other ranks load their blocks; rank 0 drives the denoising ring and hands each finished microbatch to the
+// rank that decodes, which sends the images back for rank 0 to write.
 #include <ATen/ATen.h>
 
 #include <functional>
@@ -17,6 +19,8 @@ class World;
 struct RuntimeOptions {
   std::string device_map;   // strategy or JSON map; empty: "pipeline" (time-balanced) over the world
   std::string max_memory;   // --max-memory as `plan` reads it; empty: each rank's device memory
+  // "" or "balanced": which ranks run CLIP, T5 and the VAE (runtime/components.h).
+  std::string pipeline_device_map;
   int64_t microbatch_size = 1;
   double transport_timeout_seconds = 300;
   // --transport: auto, nccl or mpi (see choose_transport).
@@ -28,8 +32,10 @@ struct RuntimeOptions {
 struct Outputs {
   // Coordinator only, once the batch's latents are final (B, N_img, C).
   std::function<void(const at::Tensor& latents)> on_latents;
-  // Coordinator only, when decoding: 8-bit RGB images (B, H, W, 3).
-  std::function<void(const at::Tensor& images)> on_images;
+  // Set on every rank when the run decodes (PNG output). Called on the coordinator only, once per microbatch
+  // in order of completion: its 8-bit RGB images (b, H, W, 3), rows [first_row, first_row + b) of the batch,
+  // decoded on rank `decoded_on`.
+  std::function<void(int64_t first_row, const at::Tensor& images, int decoded_on)> on_images;
   std::function<void(const pipeline::LoopProgress&)> on_step;
 };
 

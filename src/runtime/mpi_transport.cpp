@@ -82,7 +82,7 @@ Message MpiTransport::receive(int peer) {
             "MPI_Irecv (header)");
   wait(requests, "message", peer);
   const wire::Header header = wire::decode(words, rank_, peer);  // checked before anything is allocated
-  Message message{header.kind, header.microbatch, header.step, {}};
+  Message message{header.kind, header.microbatch, header.step, {}, peer};
   requests.clear();
   for (const auto& spec : header.tensors) {
     if (!spec.defined) {
@@ -101,6 +101,40 @@ Message MpiTransport::receive(int peer) {
   }
   wait(requests, str(message_kind_name(message.kind), " tensors"), peer);
   return message;
+}
+
+bool MpiTransport::has_message(int peer) {
+  DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
+  int arrived = 0;
+  check_mpi(MPI_Iprobe(peer, kDataTag, MPI_COMM_WORLD, &arrived, MPI_STATUS_IGNORE), "MPI_Iprobe");
+  return arrived != 0;
+}
+
+Message MpiTransport::receive_any(const std::vector<int>& peers) {
+  DP_CHECK(!peers.empty(), "rank ", rank_, ": receive from no rank");
+  if (peers.size() == 1) return receive(peers.front());
+  using clock = std::chrono::steady_clock;
+  const auto started = clock::now();
+  auto pause = std::chrono::microseconds(10);
+  // Probe rather than post a receive from any source: a header is only taken from a peer once it is there, so
+  // each peer's messages stay in order and a message from a rank not in `peers` is never consumed here.
+  for (size_t turn = 0;; ++turn) {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const int peer = peers[(turn + i) % peers.size()];  // rotate, so that a busy peer cannot starve another
+      if (has_message(peer)) return receive(peer);
+    }
+    progress_sends();
+    throw_if_a_rank_failed(rank_);
+    const double waited = std::chrono::duration<double>(clock::now() - started).count();
+    if (waited >= timeout_seconds_) {
+      std::string names;
+      for (int p : peers) names += (names.empty() ? "" : " or ") + std::to_string(p);
+      DP_FAIL("rank ", rank_, ": no message from rank ", names, " within ", std::fixed, std::setprecision(0),
+              timeout_seconds_, " s (--transport-timeout): a rank is stuck, dead or unreachable");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 void MpiTransport::flush() {

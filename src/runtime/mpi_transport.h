@@ -21,6 +21,8 @@ class MpiTransport : public Transport {
 
   void send(int peer, Message message) override;
   Message receive(int peer) override;
+  Message receive_any(const std::vector<int>& peers) override;
+  bool has_message(int peer) override;
   void flush() override;
   void report_failure(const std::string& reason) override;
   uint64_t bytes_sent() const override { return bytes_sent_; }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <iomanip>
 #include <thread>
 
@@ -86,6 +87,9 @@ struct NcclTransport::Outbound {
   MPI_Request header_request = MPI_REQUEST_NULL;
   std::vector<at::Tensor> tensors;  // on the device, alive until the transfer finished
   std::unique_ptr<Event> start, done;
+  // Without a link to the peer the tensors go over MPI from host copies, kept alive until delivered.
+  std::vector<at::Tensor> staged;
+  std::vector<MPI_Request> payload_requests;
 };
 
 struct NcclTransport::Inbound {
@@ -256,13 +260,31 @@ void NcclTransport::send_unguarded(int peer, Message message) {
   for (const auto& t : message.tensors)
     if (t.defined() && t.numel() > 0) out->tensors.push_back(t.to(device_).contiguous());
   Channel* channel = channel_to(peer);
-  DP_CHECK(out->tensors.empty() || channel != nullptr, "rank ", rank_, ": a ", message_kind_name(message.kind),
-           " message with tensors for rank ", peer, ", which is not this rank's next in the ring (no NCCL link)");
+  if (channel == nullptr) {
+    // Not a ring boundary (an encoder's embeddings, latents for the decoding rank, its images): these are
+    // few and small next to the activations, so they are staged through the host over MPI, as the MPI
+    // transport does. Both ends know the links, so the receiver looks for them there too.
+    for (auto& t : out->tensors) {
+      out->staged.push_back(t.to(at::kCPU).contiguous());
+      const int64_t bytes = out->staged.back().numel() * static_cast<int64_t>(out->staged.back().element_size());
+      DP_CHECK(bytes <= std::numeric_limits<int>::max(), "rank ", rank_, ": a ", message_kind_name(message.kind),
+               " tensor of ", bytes, " bytes for rank ", peer, " is too large for one MPI message off the ring");
+    }
+    out->tensors.clear();
+  }
 
   // The header first: the receiver posts its NCCL receives when it reads it.
   const int code = MPI_Isend(out->header.data(), wire::kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD,
                              &out->header_request);
   if (code != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Isend (header to rank ", peer, ") failed: ", mpi_error_text(code)));
+  for (auto& t : out->staged) {
+    out->payload_requests.emplace_back(MPI_REQUEST_NULL);
+    const int bytes = static_cast<int>(t.numel() * static_cast<int64_t>(t.element_size()));
+    const int sent = MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD,
+                               &out->payload_requests.back());
+    if (sent != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Isend (tensor to rank ", peer, ") failed: ", mpi_error_text(sent)));
+    bytes_sent_ += static_cast<uint64_t>(bytes);
+  }
   if (!out->tensors.empty()) {
     // The link's stream starts when the compute stream has produced the tensors, not before, and not by a sync.
     Event ready(false);
@@ -302,6 +324,15 @@ bool NcclTransport::send_finished(Outbound& out) {
     const int code = MPI_Test(&out.header_request, &done, MPI_STATUS_IGNORE);
     if (code != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Test (header to rank ", out.peer, ") failed: ", mpi_error_text(code)));
     if (!done) return false;
+  }
+  if (!out.payload_requests.empty()) {
+    int done = 0;
+    const int code = MPI_Testall(static_cast<int>(out.payload_requests.size()), out.payload_requests.data(), &done,
+                                 MPI_STATUSES_IGNORE);
+    if (code != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Testall (tensors to rank ", out.peer, ") failed: ", mpi_error_text(code)));
+    if (!done) return false;
+    out.payload_requests.clear();
+    out.staged.clear();
   }
   if (out.done) {
     const cudaError_t state = cudaEventQuery(out.done->event);
@@ -344,7 +375,7 @@ void NcclTransport::progress() {
       if (!done) break;
       const wire::Header header = wire::decode(channel.header_words, rank_, channel.peer);
       auto in = std::make_unique<Inbound>();
-      in->message = {header.kind, header.microbatch, header.step, {}};
+      in->message = {header.kind, header.microbatch, header.step, {}, channel.peer};
       std::vector<at::Tensor> targets;
       for (const auto& spec : header.tensors) {
         if (!spec.defined) {
@@ -389,25 +420,7 @@ Message NcclTransport::receive_unguarded(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
   c10::cuda::CUDAGuard guard(device_);
   Channel* channel = channel_from(peer);
-  if (channel == nullptr) {
-    // A rank off the ring (no blocks) hears only control messages from the coordinator, over MPI alone.
-    std::vector<int64_t> words(wire::kHeaderWords, 0);
-    MPI_Request request = MPI_REQUEST_NULL;
-    const int code = MPI_Irecv(words.data(), wire::kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD, &request);
-    if (code != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Irecv (header) failed: ", mpi_error_text(code)));
-    wait_until(
-        [&] {
-          int done = 0;
-          MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-          return done != 0;
-        },
-        "message", peer);
-    const wire::Header header = wire::decode(words, rank_, peer);
-    for (const auto& spec : header.tensors)
-      DP_CHECK(!spec.defined, "rank ", rank_, ": a ", message_kind_name(header.kind), " message with tensors from rank ",
-               peer, ", which has no NCCL link to this rank");
-    return {header.kind, header.microbatch, header.step, std::vector<at::Tensor>(header.tensors.size())};
-  }
+  if (channel == nullptr) return receive_over_mpi(peer);
   wait_until(
       [&] {
         progress();
@@ -432,6 +445,94 @@ Message NcclTransport::receive_unguarded(int peer) {
       spans_.push_back({in->message.step, false, ms / 1e3});
   }
   return std::move(in->message);
+}
+
+Message NcclTransport::receive_over_mpi(int peer) {
+  std::vector<int64_t> words(wire::kHeaderWords, 0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  const int code = MPI_Irecv(words.data(), wire::kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD, &request);
+  if (code != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Irecv (header) failed: ", mpi_error_text(code)));
+  wait_until(
+      [&] {
+        int done = 0;
+        MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        return done != 0;
+      },
+      "message", peer);
+  const wire::Header header = wire::decode(words, rank_, peer);  // checked before anything is allocated
+  Message message{header.kind, header.microbatch, header.step, {}, peer};
+  std::vector<MPI_Request> requests;
+  for (const auto& spec : header.tensors) {
+    if (!spec.defined) {
+      message.tensors.emplace_back();
+      continue;
+    }
+    at::Tensor t = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype));
+    const int64_t bytes = spec.bytes();
+    DP_CHECK(bytes <= std::numeric_limits<int>::max(), "rank ", rank_, ": malformed message from rank ", peer, ": a ",
+             bytes, "-byte tensor off the ring");
+    if (bytes > 0) {
+      requests.emplace_back(MPI_REQUEST_NULL);
+      const int posted = MPI_Irecv(t.data_ptr(), static_cast<int>(bytes), MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD,
+                                   &requests.back());
+      if (posted != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Irecv (tensor) failed: ", mpi_error_text(posted)));
+      bytes_received_ += static_cast<uint64_t>(bytes);
+    }
+    message.tensors.push_back(std::move(t));
+  }
+  if (!requests.empty())
+    wait_until(
+        [&] {
+          int done = 0;
+          MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+          return done != 0;
+        },
+        str(message_kind_name(message.kind), " tensors"), peer);
+  return message;
+}
+
+bool NcclTransport::has_message(int peer) {
+  DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
+  bool found = false;
+  guarded([&] {
+    c10::cuda::CUDAGuard guard(device_);
+    if (Channel* channel = channel_from(peer)) {
+      // The link's header receive is always posted, so a probe would not see it: look at what progress took.
+      progress();
+      found = !channel->arriving.empty();
+      return;
+    }
+    int arrived = 0;
+    const int code = MPI_Iprobe(peer, kDataTag, MPI_COMM_WORLD, &arrived, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS) fail(str("rank ", rank_, ": MPI_Iprobe failed: ", mpi_error_text(code)));
+    found = arrived != 0;
+  });
+  return found;
+}
+
+Message NcclTransport::receive_any(const std::vector<int>& peers) {
+  DP_CHECK(!peers.empty(), "rank ", rank_, ": receive from no rank");
+  if (peers.size() == 1) return receive(peers.front());
+  // Take a message only from a peer that has one, rotating so that a busy peer cannot starve another; each
+  // peer's messages stay in order.
+  int ready = -1;
+  size_t turn = 0;
+  guarded([&] {
+    wait_until(
+        [&] {
+          for (size_t i = 0; i < peers.size(); ++i) {
+            const int peer = peers[(turn + i) % peers.size()];
+            if (has_message(peer)) {
+              ready = peer;
+              return true;
+            }
+          }
+          ++turn;
+          return false;
+        },
+        "message", peers.front());
+  });
+  return receive(ready);
 }
 
 void NcclTransport::send(int peer, Message message) {

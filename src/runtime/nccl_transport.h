@@ -43,6 +43,8 @@ class NcclTransport : public Transport {
 
   void send(int peer, Message message) override;
   Message receive(int peer) override;
+  Message receive_any(const std::vector<int>& peers) override;
+  bool has_message(int peer) override;
   void flush() override;
   void report_failure(const std::string& reason) override;
   uint64_t bytes_sent() const override { return bytes_sent_; }
@@ -57,6 +59,9 @@ class NcclTransport : public Transport {
 
   void send_unguarded(int peer, Message message);
   Message receive_unguarded(int peer);
+  // A message from a rank with no NCCL link to this one (the components' messages between ranks that are not
+  // ring neighbours, a shutdown to an idle rank): header and tensors over MPI, tensors arriving on the host.
+  Message receive_over_mpi(int peer);
   void flush_unguarded();
   // Runs `work`; on any exception aborts every communicator before it propagates.
   template <typename Work>

@@ -116,23 +116,45 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
   add_host_transfer(times_, transport(), step, true, seconds_since(sending));
 }
 
+void RingExecutor::listen_to(int peer, std::function<void(Message&)> handler) {
+  side_peer_ = peer;
+  side_handler_ = std::move(handler);
+}
+
 pipeline::StepResult RingExecutor::wait_result() {
+  // When rank 0 runs the whole ring, nothing below receives: take the images that have arrived here, so that
+  // they are written as they come and the decoding rank's sends never back up.
+  const bool whole_ring_here = local_ && local_->is_last();
+  while (whole_ring_here && side_handler_ && transport_ != nullptr && transport_->has_message(side_peer_)) {
+    Message message = transport_->receive(side_peer_);
+    side_handler_(message);  // checks that it is the images it expects
+  }
   if (!local_results_.empty()) {
     auto result = std::move(local_results_.front());
     local_results_.erase(local_results_.begin());
     return result;
   }
-  const auto started = std::chrono::steady_clock::now();
-  Message message = transport().receive(layout_.last_rank());
-  times_.host_wait_seconds += seconds_since(started);
-  add_host_transfer(times_, transport(), message.step, false, seconds_since(started));
-  // A result consumed: the device spans that finished meanwhile are read without waiting.
-  clock_.collect(times_, false, timeout_seconds_);
-  add_transfer_spans(times_, transport_);
-  DP_CHECK(message.kind == MessageKind::noise && message.tensors.size() == 1 && message.tensors[0].defined(),
-           "rank 0: expected a noise prediction from rank ", layout_.last_rank(), ", got a ",
-           message_kind_name(message.kind), " message with ", message.tensors.size(), " tensor(s)");
-  return {message.microbatch, message.step, std::move(message.tensors[0])};
+  std::vector<int> peers = {layout_.last_rank()};
+  if (side_handler_ && side_peer_ != layout_.last_rank()) peers.push_back(side_peer_);
+  for (;;) {
+    const auto started = std::chrono::steady_clock::now();
+    Message message = transport().receive_any(peers);
+    times_.host_wait_seconds += seconds_since(started);
+    if (side_handler_ && message.source == side_peer_ && message.kind != MessageKind::noise) {
+      side_handler_(message);
+      continue;
+    }
+    add_host_transfer(times_, transport(), message.step, false, seconds_since(started));
+    // A result consumed: the device spans that finished meanwhile are read without waiting.
+    clock_.collect(times_, false, timeout_seconds_);
+    add_transfer_spans(times_, transport_);
+    DP_CHECK(message.kind == MessageKind::noise && message.source == layout_.last_rank() &&
+                 message.tensors.size() == 1 && message.tensors[0].defined(),
+             "rank 0: expected a noise prediction from rank ", layout_.last_rank(), ", got a ",
+             message_kind_name(message.kind), " message with ", message.tensors.size(), " tensor(s) from rank ",
+             message.source);
+    return {message.microbatch, message.step, std::move(message.tensors[0])};
+  }
 }
 
 void RingExecutor::release(int64_t microbatch) {
@@ -161,14 +183,23 @@ void RingExecutor::shutdown() {
 }
 
 RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage,
-                           const at::Device& device, double timeout_seconds) {
+                           const at::Device& device, double timeout_seconds,
+                           const std::function<void(Message&)>& on_decode) {
   RankTimes times;
   ComputeClock clock(device);
   const auto began = std::chrono::steady_clock::now();
   const int from = layout.previous(rank), to = layout.next(rank);
+  std::vector<int> peers = {from};
+  if (on_decode && from != 0) peers.push_back(0);
   for (;;) {
     const auto waiting = std::chrono::steady_clock::now();
-    Message message = transport.receive(from);
+    Message message = transport.receive_any(peers);
+    if (message.kind == MessageKind::decode && on_decode && message.source == 0) {
+      on_decode(message);
+      continue;
+    }
+    if (message.source != from)
+      DP_FAIL("rank ", rank, ": unexpected ", message_kind_name(message.kind), " message from rank ", message.source);
     const double waited = seconds_since(waiting);
     times.host_wait_seconds += waited;
     const bool step_input = message.kind == MessageKind::step || message.kind == MessageKind::activations;
@@ -182,7 +213,9 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
     switch (message.kind) {
       case MessageKind::shutdown:
         if (stage != nullptr && to != 0) transport.send(to, std::move(message));
-        transport.flush();
+        // The decoding rank flushes after its last images: waiting here for images the coordinator takes only
+        // after its own sends are delivered could hold both until the timeout.
+        if (!on_decode) transport.flush();
         clock.collect(times, true, timeout_seconds);
         add_transfer_spans(times, &transport);
         times.wall_seconds = seconds_since(began);
@@ -210,6 +243,9 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
         break;
       }
       case MessageKind::noise:
+      case MessageKind::embeddings:
+      case MessageKind::decode:
+      case MessageKind::images:
         unexpected();
     }
   }

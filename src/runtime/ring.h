@@ -2,6 +2,7 @@
 // The denoising ring: coordinator (rank 0) -> stage 0 -> ... -> last stage -> coordinator. Rank 0 may run the
 // first stage itself; ranks without blocks idle until the run ends. The coordinator's side is a
 // pipeline::StageExecutor, so pipeline/denoise_loop.h drives one rank or N the same way.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -69,6 +70,9 @@ class RingExecutor : public pipeline::StageExecutor {
   pipeline::StepResult wait_result() override;
   void release(int64_t microbatch) override;
   int max_in_flight() const override;
+  // While waiting for results, also takes the messages `peer` sends that are not noise predictions (the
+  // decoding rank's images) and hands them to `handler`, so that they are written as they come.
+  void listen_to(int peer, std::function<void(Message&)> handler);
   // Ends the run on every other rank (shutdown round the ring and to idle ranks), waits for delivery and for
   // the timing of the device work to resolve.
   void shutdown();
@@ -83,10 +87,14 @@ class RingExecutor : public pipeline::StageExecutor {
   ComputeClock clock_;
   double timeout_seconds_;
   RankTimes times_;
+  int side_peer_ = -1;
+  std::function<void(Message&)> side_handler_;
 };
 
-// A rank other than 0: runs its stage for every message until shutdown (idle ranks just wait for it).
+// A rank other than 0: runs its stage for every message until shutdown (idle ranks just wait for it). On the
+// decoding rank `on_decode` takes the coordinator's decode messages as they arrive, between ring messages.
 RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage,
-                           const at::Device& device, double timeout_seconds);
+                           const at::Device& device, double timeout_seconds,
+                           const std::function<void(Message&)>& on_decode = {});
 
 }  // namespace dp::runtime

@@ -21,7 +21,12 @@ enum class MessageKind : int32_t {
   noise = 4,        // last stage -> coordinator: the noise prediction
   release = 5,      // a microbatch is finished: drop what was kept for it (flows round the ring)
   shutdown = 6,     // the run is over (flows round the ring)
+  // The components' messages (--pipeline-device-map puts CLIP, T5 or the VAE on a rank other than 0):
+  embeddings = 7,   // encoder rank -> coordinator: one chunk of prompts' CLIP pooled output or T5 embeddings
+  decode = 8,       // coordinator -> decoding rank: a finished microbatch's final latents
+  images = 9,       // decoding rank -> coordinator: that microbatch's 8-bit RGB images
 };
+constexpr int kMessageKinds = 9;
 const char* message_kind_name(MessageKind kind);
 
 struct Message {
@@ -29,6 +34,7 @@ struct Message {
   int64_t microbatch = -1;
   int32_t step = -1;
   std::vector<at::Tensor> tensors;
+  int source = -1;  // the rank it came from (set on receipt)
 };
 
 // Another rank failed and said why.
@@ -57,6 +63,11 @@ class Transport {
   virtual void send(int peer, Message message) = 0;
   // The next message from `peer`, waiting at most the timeout; sends in progress keep moving meanwhile.
   virtual Message receive(int peer) = 0;
+  // The next message from whichever of `peers` has one first (in order from each peer), waiting at most the
+  // timeout in all; Message::source says which peer sent it.
+  virtual Message receive_any(const std::vector<int>& peers) = 0;
+  // Whether a message from `peer` has arrived (never waits).
+  virtual bool has_message(int peer) = 0;
   // Waits (bounded) until every queued send has been delivered.
   virtual void flush() = 0;
   // Tells the coordinator that this rank failed; best effort, bounded by a few seconds.

@@ -7,7 +7,9 @@
 namespace dp::runtime {
 namespace {
 
-const char* kind_names[] = {"?", "prompts", "step", "activations", "noise", "release", "shutdown"};
+const char* kind_names[] = {"?",        "prompts",    "step",   "activations", "noise",
+                            "release",  "shutdown",   "embeddings", "decode", "images"};
+static_assert(sizeof(kind_names) / sizeof(kind_names[0]) == kMessageKinds + 1, "a name for every message kind");
 
 int dtype_code(at::ScalarType type, int rank) {
   switch (type) {
@@ -15,6 +17,7 @@ int dtype_code(at::ScalarType type, int rank) {
     case at::kBFloat16: return 1;
     case at::kHalf: return 2;
     case at::kLong: return 3;
+    case at::kByte: return 4;
     default: DP_FAIL("rank ", rank, ": the transport does not carry tensors of dtype ", type);
   }
 }
@@ -25,6 +28,7 @@ bool dtype_of(int64_t code, at::ScalarType& type) {
     case 1: type = at::kBFloat16; return true;
     case 2: type = at::kHalf; return true;
     case 3: type = at::kLong; return true;
+    case 4: type = at::kByte; return true;
     default: return false;
   }
 }
@@ -33,7 +37,7 @@ bool dtype_of(int64_t code, at::ScalarType& type) {
 
 const char* message_kind_name(MessageKind kind) {
   const auto k = static_cast<int>(kind);
-  return k >= 1 && k <= 6 ? kind_names[k] : kind_names[0];
+  return k >= 1 && k <= kMessageKinds ? kind_names[k] : kind_names[0];
 }
 
 namespace wire {
@@ -75,7 +79,7 @@ Header decode(const std::vector<int64_t>& h, int rank, int peer) {
   if (h[0] != kMagic) bad("bad magic (another program on this communicator?)");
   if ((h[1] >> 32) != kVersion) bad("wire version ", h[1] >> 32, ", this build speaks ", kVersion);
   const int64_t kind = h[1] & 0xffffffff;
-  if (kind < 1 || kind > 6) bad("unknown kind ", kind);
+  if (kind < 1 || kind > kMessageKinds) bad("unknown kind ", kind);
   if (h[4] < 0 || h[4] > kMaxTensors) bad(h[4], " tensors");
   if (h[3] < std::numeric_limits<int32_t>::min() || h[3] > std::numeric_limits<int32_t>::max()) bad("step ", h[3]);
   Header header;

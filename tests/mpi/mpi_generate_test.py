@@ -22,6 +22,16 @@ Cases:
   offload        maps that offload blocks to "cpu" and "disk" (a custom JSON map, and "auto" with a small
                  --max-memory) still run every block, on the GPU rank whose range they continue: latents
                  bit-identical to one process with every block resident, at N ranks (N may be 1).
+  components     --pipeline-device-map balanced with --max-memory 1=1GB puts CLIP, T5 and the VAE on rank 1
+                 (and 0=1GB,1=1GB the VAE on rank 0, the encoders on rank 1), the transformer split over every
+                 rank (or on rank 0 alone): PNGs and latents bit-identical to one process, each phase's
+                 hf_device_map logged, each image's rank logged; a budget the VAE cannot share with rank 1's blocks decodes at the end,
+                 says so, and gives the same images.
+  incremental    several microbatches: images are written as microbatches finish, in order of completion, before
+                 the last step (log order); rank 0, or the decoding worker, SIGKILLed after the first image
+                 appears leaves that image complete and valid, and the job ends non-zero.
+  bounded-memory a prompts file of 200 prompts runs with the coordinator's peak RSS within 1.5x of 20 prompts'.
+  bad-component-map  a component map naming a GPU past the world is refused before loading, naming the component.
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
@@ -402,7 +412,224 @@ def case_offload(binary, model, tmp, ranks):
     print(f"plan: {text}")
 
 
-CASES = {"equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
+def tiny_block_map(tmp, ranks):
+    """A transformer map spreading make-tiny's blocks (2 double-stream, 4 single-stream) over `ranks` ranks."""
+    import json
+    singles = 4
+    doc = {"x_embedder": 0, "time_text_embed": 0, "context_embedder": 0, "transformer_blocks": 0}
+    for i in range(singles):
+        doc[f"single_transformer_blocks.{i}"] = min(ranks - 1, 1 + i * (ranks - 1) // singles) if ranks > 1 else 0
+    doc["norm_out"] = doc["proj_out"] = ranks - 1
+    path = tmp / f"blocks-{ranks}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def rank0_lines(output):
+    return [line for line in output.splitlines() if "[rank 0]" in line or "[rank" not in line]
+
+
+def png_ok(path):
+    """A complete PNG: signature, chunks with their CRCs, IEND last; and the pixels decode."""
+    import zlib
+    data = pathlib.Path(path).read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return "no PNG signature"
+    offset, last = 8, None
+    while offset < len(data):
+        if offset + 12 > len(data):
+            return f"truncated chunk at byte {offset}"
+        length = int.from_bytes(data[offset:offset + 4], "big")
+        kind = data[offset + 4:offset + 8]
+        body = data[offset + 8:offset + 8 + length]
+        crc = int.from_bytes(data[offset + 8 + length:offset + 12 + length], "big")
+        if len(body) != length or zlib.crc32(kind + body) != crc:
+            return f"chunk {kind!r} at byte {offset} is truncated or corrupt"
+        offset += 12 + length
+        last = kind
+    if last != b"IEND":
+        return "no IEND chunk"
+    from PIL import Image
+    with Image.open(path) as image:
+        image.load()
+    return None
+
+
+def case_components(binary, model, tmp, ranks):
+    blocks = tiny_block_map(tmp, ranks)
+    whole_ring_on_0 = tmp / "all-on-0.json"
+    whole_ring_on_0.write_text('{"": 0}')
+    for output_type, ext in (("png", "png"), ("latent", "h5")):
+        one = tmp / f"one-{output_type}.{ext}"
+        # One thread, as every rank runs (mpirun -x OMP_NUM_THREADS=1): the VAE's fp32 convolutions on the CPU
+        # round differently with another thread count, the transformer's do not.
+        code, output, _ = run(["env", "OMP_NUM_THREADS=1", binary] + generate_args(model, one, ["--output-type", output_type]))
+        if code != 0:
+            fail(f"one process ({output_type}) exited {code}:\n{output}")
+        # (max_memory, where CLIP, T5 and the VAE must run, whether rank 1 keeps the VAE through denoising)
+        configs = [("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, blocks),
+                   ("0=1GB,1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 0}, True, blocks)]
+        if output_type == "png":
+            # Rank 0 runs every block while rank 1 decodes: rank 0 takes the images between its own steps.
+            configs.append(("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, whole_ring_on_0))
+            # 1.5 MB holds the three components (1.45 MB at fp32) but not the VAE next to rank 1's blocks and
+            # a microbatch's activations: the decode runs after denoising instead.
+            configs.append(("1=1500KB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, False, blocks))
+        for max_memory, where, resident, block_map in configs:
+            name = f"{output_type}-{max_memory.replace(',', '_').replace('=', '-')}-{block_map.stem}"
+            out = tmp / f"ranks-{name}.{ext}"
+            extra = ["--output-type", output_type, "--pipeline-device-map", "balanced", "--max-memory", max_memory,
+                     "--device-map", str(block_map)]
+            code, output, seconds = run(mpirun(ranks) + [binary] + generate_args(model, out, extra))
+            what = f"{ranks} ranks, {output_type}, --max-memory {max_memory}, blocks {block_map.stem}"
+            if code != 0:
+                fail(f"{what}: exited {code}:\n{output}")
+            encode = '{"text_encoder":%s,"text_encoder_2":%s}' % (where["text_encoder"], where["text_encoder_2"])
+            expected_lines = [f"phase encode: hf_device_map {encode}", "phase denoise: hf_device_map {"]
+            if output_type == "png":
+                expected_lines.append('phase decode: hf_device_map {"vae":%s}' % where["vae"])
+                expected_lines.append(f"(image 0, decoded on rank {where['vae']})")
+                expected_lines.append("decode at the end" if not resident else "the VAE stays loaded through denoising")
+            for text in expected_lines:
+                if text not in output:
+                    fail(f"{what}: the log does not say '{text}':\n{output}")
+            if output_type == "png":
+                for i in range(4):
+                    ours, theirs = out.with_name(f"{out.stem}-{i}.png"), one.with_name(f"{one.stem}-{i}.png")
+                    if not ours.exists() or ours.read_bytes() != theirs.read_bytes():
+                        fail(f"{what}: {ours.name} differs from one process's {theirs.name} (or is missing)")
+            else:
+                got, reference = latents(out), latents(one)
+                if got.shape != reference.shape or not np.array_equal(got, reference):
+                    fail(f"{what}: latents differ from one process")
+            print(f"{what}: bit-identical to one process ({seconds:.1f} s); encode {encode}, vae on rank "
+                  f"{where['vae']}{'' if resident else ' (decoded at the end)'}")
+
+
+def case_incremental(binary, model, tmp, ranks):
+    # A normal run: 4 microbatches of one image; each microbatch's image is written when it finishes.
+    for world in (1, ranks):
+        out = tmp / f"inc{world}.png"
+        launcher = mpirun(world) if world > 1 else []
+        code, output, _ = run(launcher + [binary] + generate_args(model, out, ["--output-type", "png", "--steps", "6"]))
+        if code != 0:
+            fail(f"{world} rank(s): exited {code}:\n{output}")
+        lines = rank0_lines(output)
+        finished = [l.split("microbatch ", 1)[1].split(" ")[0] for l in lines if "] microbatch " in l and " finished " in l]
+        wrote = [l for l in lines if "] wrote " in l]
+        order = [l.split(f"{out.stem}-", 1)[1].split(".png")[0] for l in wrote]
+        if finished != ["0", "1", "2", "3"] or order != finished:
+            fail(f"{world} rank(s): microbatches finished {finished}, images written {order}:\n{output}")
+        last_step = next((i for i, l in enumerate(lines) if "step 6/6:" in l), None)
+        first_write = next(i for i, l in enumerate(lines) if "] wrote " in l)
+        if last_step is None or not first_write < last_step:
+            fail(f"{world} rank(s): the first image was not written before the last step:\n{output}")
+        print(f"{world} rank(s): images written in order of completion {order}, the first before step 6/6")
+
+    # Rank 0 killed once the first image is on disk, and the decoding worker (the VAE on rank 1): the images
+    # already written stay, complete.
+    kill_after_first_image(binary, model, tmp, ranks, 0, "killed", [])
+    kill_after_first_image(binary, model, tmp, ranks, 1, "killedvae",
+                           ["--pipeline-device-map", "balanced", "--max-memory", "1=1GB"])
+
+
+def kill_after_first_image(binary, model, tmp, ranks, victim, stem, extra):
+    out = tmp / f"{stem}.png"
+    args = generate_args(model, out, ["--output-type", "png", "--steps", "300"] + extra)
+    job = subprocess.Popen(mpirun(ranks) + [binary] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    output, killed_at = [], None
+    for line in job.stdout:
+        output.append(line)
+        if killed_at is None and "] wrote " in line:
+            pids = rank_pids(victim, str(out))
+            if not pids:
+                job.kill()
+                fail(f"could not find rank {victim}'s process")
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+        if time.monotonic() - started > 300:
+            job.kill()
+            fail("no image within 300 s:\n" + "".join(output))
+    code = job.wait()
+    text = "".join(output)
+    if killed_at is None:
+        fail(f"the run wrote no image before it ended (exit {code}):\n{text}")
+    if code == 0:
+        fail(f"killing rank {victim} still exited 0:\n{text}")
+    if time.monotonic() - killed_at > BOUND_SECONDS:
+        fail(f"the job took more than {BOUND_SECONDS} s to end after rank {victim} was killed")
+    first = out.with_name(f"{stem}-0.png")
+    problem = png_ok(first) if first.exists() else "missing"
+    if problem:
+        fail(f"{first.name} after the kill: {problem}")
+    if out.with_name(f"{stem}-3.png").exists():
+        fail("the last image exists too: the kill came after the run, so it shows nothing")
+    # Every output name on disk is a complete image. A SIGKILL can leave the atomic writer's hidden
+    # ".NAME.XXXXXX.partial" temporary (no handler runs), which is never taken for an output.
+    left = sorted(p.name for p in tmp.iterdir() if p.name.startswith(stem + "-"))
+    for name in left:
+        problem = png_ok(tmp / name) if name.endswith(".png") else f"stray file {name}"
+        if problem:
+            fail(f"{name} after the kill: {problem}")
+    print(f"rank {victim} SIGKILLed after the first image: exit {code}; on disk {left}, each a complete PNG")
+
+
+def case_bounded_memory(binary, model, tmp, ranks):
+    import json
+    # 256x256: a batch's VAE decode at the end would hold every image's activations (about 24 MB each, 4.8 GB for
+    # 200 on the old path), while decoding microbatch by microbatch holds one. What legitimately grows with the
+    # prompts (initial noise 13 MB, embeddings, file names) stays far below half the ~400 MB LibTorch baseline,
+    # hence the bound of 1.5x.
+    peaks = {}
+    for count in (20, 200):
+        prompts = tmp / f"prompts{count}.txt"
+        prompts.write_text("".join(f"prompt number {i}\n" for i in range(count)))
+        outdir = tmp / f"out{count}"
+        outdir.mkdir()
+        report = tmp / f"report{count}.json"
+        command = mpirun(ranks) + [binary, "generate", "--model", str(model), "--dtype", "fp32", "--height", "256",
+                                   "--width", "256", "--steps", "2", "--max-sequence-length", "32", "--prompts-file",
+                                   str(prompts), "--out", str(outdir / "x.png"), "--report", str(report)]
+        code, output, seconds = run(command, timeout=900)
+        if code != 0:
+            fail(f"{count} prompts exited {code}:\n{output}")
+        written = len(list(outdir.glob("x-*.png")))
+        if written != count:
+            fail(f"{count} prompts: {written} images written")
+        doc = json.loads((tmp / f"report{count}.rank0.json").read_text())
+        peaks[count] = doc["peak_resident_bytes"]
+        print(f"{count} prompts: {seconds:.1f} s, coordinator peak RSS {peaks[count] / 1e6:.1f} MB")
+    ratio = peaks[200] / peaks[20]
+    print(f"peak RSS 200 vs 20 prompts: {ratio:.2f}x (bound 1.5x)")
+    if not ratio <= 1.5:
+        fail(f"the coordinator's peak RSS grew {ratio:.2f}x from 20 to 200 prompts (bound 1.5x)")
+
+
+def case_bad_component_map(binary, model, tmp, ranks):
+    # Budgets on GPUs 0 and `ranks`: balanced puts the VAE on GPU 0 and T5 on GPU `ranks`, past the world.
+    command = mpirun(ranks) + [binary] + generate_args(model, tmp / "b.png", [
+        "--output-type", "png", "--pipeline-device-map", "balanced", "--max-memory", f"0=1GB,{ranks}=1GB"])
+    code, output, seconds = run(command, timeout=BOUND_SECONDS + 30)
+    if code == 0:
+        fail(f"a map naming GPU {ranks} in a world of {ranks} exited 0:\n{output}")
+    if seconds > BOUND_SECONDS:
+        fail(f"the refusal took {seconds:.1f} s (bound {BOUND_SECONDS} s)")
+    for text in ("text_encoder_2", f"on GPU {ranks}", f"the world has {ranks} rank(s)"):
+        if text not in output:
+            fail(f"the refusal does not say '{text}':\n{output}")
+    for text in ("loaded blocks", "stage encode", "CLIP load"):
+        if text in output:
+            fail(f"'{text}' in the log: the map was refused only after loading began:\n{output}")
+    if list(tmp.glob("b*.png")):
+        fail("a refused run left an image")
+    print(f"GPU {ranks} in a world of {ranks}: refused in {seconds:.1f} s before loading, naming text_encoder_2")
+
+
+CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,
+         "bad-component-map": case_bad_component_map,
+         "equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
          "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu,
          "offload": case_offload}

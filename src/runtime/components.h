@@ -1,0 +1,40 @@
+#pragma once
+// Which rank runs CLIP, T5 and the VAE. Without --pipeline-device-map the coordinator runs all three on its
+// device, as a one-process run does. With `--pipeline-device-map balanced` the three are placed as
+// diffusers' pipeline-level "balanced" places them (placement::place_components_balanced, the map
+// `plan --pipeline-device-map balanced --components text_encoder,text_encoder_2,vae` prints, with the same
+// --max-memory): GPU d of that map is rank d, and "cpu" means the coordinator on the CPU.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "io/model_folder.h"
+
+namespace dp::runtime {
+
+struct ComponentPlace {
+  std::string name;   // "text_encoder", "text_encoder_2", "vae"
+  int rank = 0;
+  bool on_cpu = false;  // "cpu" in the map: the coordinator runs it on its CPU
+  int64_t bytes = 0;    // weights at the run dtype, as the placement counted them (0 without a map)
+  // Where it computes on its rank, given that rank's device.
+  at::Device device(const at::Device& rank_device) const { return on_cpu ? at::Device(at::kCPU) : rank_device; }
+};
+
+struct ComponentPlan {
+  ComponentPlace clip{"text_encoder"}, t5{"text_encoder_2"}, vae{"vae"};
+  bool from_map = false;  // --pipeline-device-map was given
+  // The phases' hf_device_map as diffusers' pipe.hf_device_map shows them: {"text_encoder": 0, ...}.
+  nlohmann::ordered_json encode_map() const;
+  nlohmann::ordered_json decode_map() const;
+};
+
+// Places the components; throws before any weight is read when the map names a GPU index at or past the
+// world size (naming the component, its GPU and the world), or a strategy other than "balanced".
+// `max_memory` is --max-memory as `plan` reads it (empty: every rank's GPU at `plan`'s default budget).
+ComponentPlan plan_components(const io::ModelFolder& folder, const std::string& pipeline_device_map,
+                              const std::string& max_memory, at::ScalarType dtype, int world_size);
+
+}  // namespace dp::runtime

@@ -1,0 +1,62 @@
+#pragma once
+// The decode phase on the rank that runs the VAE, one finished microbatch at a time. When the VAE fits next to
+// this rank's transformer blocks it is loaded before denoising starts and each microbatch is decoded as soon
+// as its latents arrive, so images reach the disk while the rest of the batch denoises. When it does not fit,
+// the latents are kept on the host and decoded after the blocks are freed (the old "decode at the end"
+// order), and the log says so.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+
+#include "models/vae/vae.h"
+#include "pipeline/flux_pipeline.h"
+
+namespace dp::runtime {
+
+struct DecodeBudget {
+  uint64_t stage_bytes = 0;  // this rank's transformer weights, resident through denoising
+  int64_t vae_bytes = 0;     // the VAE's weights at the run dtype
+  int64_t cap_bytes = -1;    // this rank's --max-memory entry for the VAE's device; -1: the device's free memory
+};
+
+class MicrobatchDecoder {
+ public:
+  using Deliver = std::function<void(int64_t microbatch, const at::Tensor& images)>;
+  MicrobatchDecoder(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                    const pipeline::LatentGrid& grid, int64_t microbatch_size, at::Device device, int rank,
+                    Deliver deliver);
+
+  // Before denoising: decides whether the VAE stays loaded through it, logs why, and loads it if so.
+  void prepare(const DecodeBudget& budget);
+  bool resident() const { return resident_; }
+  // A microbatch's final latents (b, N_img, C): decoded and delivered now when resident, else kept on the host.
+  void accept(int64_t microbatch, const at::Tensor& latents);
+  // After denoising, once this rank's blocks are freed: decodes and delivers what was kept, then frees the VAE.
+  void finish();
+  int64_t accepted() const { return accepted_; }
+  at::Device device() const { return device_; }
+  double decode_seconds() const { return decode_seconds_; }
+  double load_seconds() const { return load_seconds_; }
+
+ private:
+  void load();
+  void decode(int64_t microbatch, const at::Tensor& latents);
+
+  pipeline::FluxPipeline& flux_;
+  const pipeline::GenerateRequest& request_;
+  const pipeline::LatentGrid& grid_;
+  int64_t microbatch_size_;
+  at::Device device_;
+  int rank_;
+  Deliver deliver_;
+  bool resident_ = false;
+  std::optional<models::AutoencoderKL> vae_;
+  std::map<int64_t, at::Tensor> kept_;
+  int64_t accepted_ = 0;
+  double decode_seconds_ = 0, load_seconds_ = 0;
+};
+
+}  // namespace dp::runtime

@@ -1,0 +1,107 @@
+// The denoising loop's order with a fake executor: microbatches enter a window as deep as the executor, their
+// prompts sent only as they enter, and each is handed over as soon as its last step is back, so a long batch
+// finishes microbatch by microbatch and holds only the window.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <set>
+
+#include "pipeline/denoise_loop.h"
+
+namespace dp::pipeline {
+namespace {
+
+// Answers every step with a prediction that depends on the microbatch's latents only, after `depth` submits are
+// queued (a ring of `depth` stages), and records the order of events.
+class FakeRing : public StageExecutor {
+ public:
+  explicit FakeRing(int depth) : depth_(depth) {}
+  void send_prompts(int64_t microbatch, const at::Tensor&, const at::Tensor&) override {
+    events.push_back("prompts " + std::to_string(microbatch));
+    holding.insert(microbatch);
+    max_holding = std::max(max_holding, holding.size());
+  }
+  void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override {
+    queue_.push_back({microbatch, step, inputs[0] * 0.5 + 0.25});
+  }
+  StepResult wait_result() override {
+    EXPECT_FALSE(queue_.empty());
+    StepResult result = queue_.front();
+    queue_.pop_front();
+    return result;
+  }
+  void release(int64_t microbatch) override {
+    events.push_back("release " + std::to_string(microbatch));
+    holding.erase(microbatch);
+  }
+  int max_in_flight() const override { return depth_; }
+
+  std::vector<std::string> events;
+  std::set<int64_t> holding;  // microbatches whose prompts the first stage keeps
+  size_t max_holding = 0;
+
+ private:
+  int depth_;
+  std::deque<StepResult> queue_;
+};
+
+struct LoopRun {
+  at::Tensor result;
+  std::vector<int64_t> done_rows;
+  std::vector<at::Tensor> done_latents;
+  std::vector<int> progress;
+};
+
+LoopRun run_loop(FakeRing& ring, int64_t batch, int64_t microbatch_size, int steps, bool keep) {
+  schedulers::FlowMatchEulerScheduler scheduler{schedulers::FlowMatchSchedulerConfig{}};
+  scheduler.set_timesteps(steps);
+  DenoiseJob job;
+  job.latents = at::arange(batch * 6, at::kFloat).reshape({batch, 3, 2}) / 10;
+  job.prompt_embeds = at::zeros({batch, 4, 8});
+  job.pooled = at::zeros({batch, 8});
+  job.microbatch_size = microbatch_size;
+  job.scheduler = &scheduler;
+  job.keep_final_latents = keep;
+  LoopRun run;
+  LoopCallbacks callbacks;
+  callbacks.on_microbatch_done = [&](int64_t first_row, const at::Tensor& latents) {
+    run.done_rows.push_back(first_row);
+    run.done_latents.push_back(latents.clone());
+    ring.events.push_back("done " + std::to_string(first_row));
+  };
+  callbacks.on_step = [&](const LoopProgress& p) { run.progress.push_back(p.step); };
+  run.result = run_denoise_loop(job, ring, callbacks);
+  return run;
+}
+
+TEST(DenoiseLoop, MicrobatchesFinishOneAfterAnotherInAWindowAsDeepAsTheRing) {
+  FakeRing ring(2);
+  const LoopRun run = run_loop(ring, 6, 1, 4, true);
+  EXPECT_EQ(run.done_rows, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  // Only the window's prompts are held; microbatch 2 enters only after microbatch 0 is released.
+  EXPECT_EQ(ring.max_holding, 2u);
+  const auto at = [&](const std::string& event) {
+    return std::find(ring.events.begin(), ring.events.end(), event) - ring.events.begin();
+  };
+  EXPECT_LT(at("done 0"), at("prompts 2"));
+  EXPECT_LT(at("release 0"), at("prompts 2"));
+  EXPECT_LT(at("done 0"), at("done 5"));
+  // Progress counts whole-batch steps of work done, once each, up to the last.
+  EXPECT_EQ(run.progress, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(run.result.size(0), 6);
+}
+
+TEST(DenoiseLoop, WithoutKeepingTheLatentsEachMicrobatchIsHandedOverAndNothingReturned) {
+  FakeRing kept_ring(3), dropped_ring(3);
+  const LoopRun kept = run_loop(kept_ring, 5, 2, 3, true);
+  const LoopRun dropped = run_loop(dropped_ring, 5, 2, 3, false);
+  EXPECT_FALSE(dropped.result.defined());
+  ASSERT_EQ(dropped.done_rows, (std::vector<int64_t>{0, 2, 4}));
+  for (size_t i = 0; i < dropped.done_rows.size(); ++i) {
+    EXPECT_TRUE(at::equal(dropped.done_latents[i], kept.done_latents[i]));
+    EXPECT_TRUE(at::equal(dropped.done_latents[i], kept.result.narrow(0, dropped.done_rows[i], dropped.done_latents[i].size(0))));
+  }
+}
+
+}  // namespace
+}  // namespace dp::pipeline
