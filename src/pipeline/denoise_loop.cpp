@@ -44,10 +44,19 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   const int steps = job.scheduler->num_inference_steps();
   const auto options = job.latents.options();
 
+  DP_CHECK(job.start_steps.empty() || static_cast<int64_t>(job.start_steps.size()) == batch, "resume: ",
+           job.start_steps.size(), " image step indices for a batch of ", batch);
+  const auto start_step = [&](int64_t row) { return job.start_steps.empty() ? 0 : job.start_steps[static_cast<size_t>(row)]; };
   std::vector<Microbatch> microbatches;
   for (int64_t row = 0; row < batch; row += job.microbatch_size) {
     const int64_t rows = std::min(job.microbatch_size, batch - row);
-    microbatches.push_back({row, job.latents.narrow(0, row, rows), 0});
+    const int first = start_step(row);
+    DP_CHECK(first >= 0 && first <= steps, "resume: image ", row, " is at step ", first, " of ", steps);
+    for (int64_t r = row; r < row + rows; ++r)
+      DP_CHECK(start_step(r) == first, "resume: images ", row, " and ", r, " of one microbatch (--microbatch-size ",
+               job.microbatch_size, ") are at steps ", first, " and ", start_step(r),
+               "; resume with the microbatch size the checkpoint was written with");
+    microbatches.push_back({row, job.latents.narrow(0, row, rows), first});
   }
   const auto step_inputs = [&](const Microbatch& m) {
     const int64_t rows = m.latents.size(0);
@@ -64,17 +73,40 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   std::deque<int64_t> ready;
   for (int64_t i = 0; i < static_cast<int64_t>(microbatches.size()); ++i) {
     const auto& m = microbatches[static_cast<size_t>(i)];
+    if (m.next_step >= steps) continue;  // finished before a resume
     executor.send_prompts(i, job.prompt_embeds.narrow(0, m.first_row, m.latents.size(0)),
                           job.pooled.narrow(0, m.first_row, m.latents.size(0)));
     ready.push_back(i);
   }
   const auto started = std::chrono::steady_clock::now();
-  std::vector<int> finished_steps(microbatches.size(), 0);
-  int reported_step = 0;
+  std::vector<int> finished_steps;
+  for (const auto& m : microbatches) finished_steps.push_back(m.next_step);
+  int reported_step = *std::min_element(finished_steps.begin(), finished_steps.end());
   int64_t images_done = 0;
+  const auto state = [&]() {
+    LoopState now;
+    for (const auto& m : microbatches) now.image_steps.insert(now.image_steps.end(), static_cast<size_t>(m.latents.size(0)), m.next_step);
+    now.steps_done = *std::min_element(finished_steps.begin(), finished_steps.end());
+    now.steps = steps;
+    now.latents = [&microbatches] {
+      std::vector<at::Tensor> parts;
+      for (const auto& m : microbatches) parts.push_back(m.latents);
+      return at::cat(parts, 0);
+    };
+    return now;
+  };
   int in_flight = 0;
+  bool stopping = false;
   const int depth = std::max(1, executor.max_in_flight());
   while (!ready.empty() || in_flight > 0) {
+    if (stopping) {
+      // The state returned is the one the caller saw at the stop; steps still in flight come back and are
+      // dropped, so that the executor (the ring) is quiet when it shuts down.
+      if (in_flight == 0) break;
+      executor.wait_result();
+      --in_flight;
+      continue;
+    }
     while (!ready.empty() && in_flight < depth) {
       const int64_t id = ready.front();
       ready.pop_front();
@@ -106,6 +138,7 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
         callbacks.on_step({reported_step + 1, steps, images_done,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
     }
+    if (callbacks.at_boundary && callbacks.at_boundary(state())) stopping = true;
   }
   std::vector<at::Tensor> parts;
   for (const auto& m : microbatches) parts.push_back(m.latents);

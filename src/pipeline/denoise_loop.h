@@ -63,6 +63,9 @@ struct DenoiseJob {
   bool guidance_embeds = true;  // the transformer's config: whether guidance is an input
   int64_t microbatch_size = 1;  // images per microbatch; the last one may be smaller
   const schedulers::FlowMatchEulerScheduler* scheduler = nullptr;  // timesteps set
+  // Where each image starts (a resumed checkpoint): steps already done per image, empty for all 0. The images
+  // of one microbatch must be at the same step; a microbatch already at the last step is not run again.
+  std::vector<int32_t> start_steps;
 };
 
 struct LoopProgress {
@@ -79,9 +82,22 @@ struct LoopCallbacks {
   std::function<void(int64_t first_row, const at::Tensor& latents)> on_microbatch_done;
   // After every Euler update (non-finite values, say); throws to stop the run.
   std::function<void(int64_t microbatch, int step, const at::Tensor& latents)> check_step;
+  // At each step boundary (after every Euler update and the on_step calls it causes): the loop's state, from
+  // which a resumed loop continues exactly. Returning true stops the loop there: the steps still in flight
+  // are drained and dropped, and run_denoise_loop returns the latents of that state.
+  std::function<bool(const struct LoopState&)> at_boundary;
 };
 
-// Runs the loop to the end and returns the final latents of the whole batch (B, N_img, C).
+struct LoopState {
+  std::vector<int32_t> image_steps;  // steps done per image (B)
+  int steps_done = 0;                // the slowest image's
+  int steps = 0;
+  // The whole batch's latents (B, N_img, C) at image_steps; built when called (a concatenation).
+  std::function<at::Tensor()> latents;
+};
+
+// Runs the loop to the end (or until at_boundary stops it) and returns the latents of the whole batch
+// (B, N_img, C): final, or those of the state at which it stopped.
 at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, const LoopCallbacks& callbacks);
 
 }  // namespace dp::pipeline

@@ -199,9 +199,9 @@ at::Device rank_device(const at::Device& requested, const World& world) {
 
 namespace {
 
-void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
-               const RuntimeOptions& options, const Outputs& outputs, World& world,
-               std::unique_ptr<Transport>& transport) {
+GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                          const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs,
+                          World& world, std::unique_ptr<Transport>& transport) {
   c10::InferenceMode guard;
   if (world.is_coordinator())
     DP_INFO("runtime: ", world.size(), " rank(s); ", world.uses_mpi() ? world.mpi_version() : "no MPI launcher",
@@ -210,7 +210,11 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size)",
               request_digest(request, options), options.transport_timeout_seconds);
   const std::string transformer_dir = flux.folder().component("transformer").path;
-  world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir),
+  const std::string fingerprint = model_fingerprint(transformer_dir);
+  world.agree("model fingerprint (transformer config and tensor headers)", fingerprint,
+              options.transport_timeout_seconds);
+  const auto& checkpoints = options.checkpoints;
+  world.agree("checkpoint to resume from", checkpoints.resume ? checkpoints.resume_path : "(none)",
               options.transport_timeout_seconds);
   const Plan plan = plan_transformer(flux, request, grid, options, world.size());
   world.agree("plan (device map and block ranges)", plan.digest, options.transport_timeout_seconds);
@@ -243,13 +247,27 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
             times.compute_seconds, " s computing, ", times.wait_seconds, " s waiting; ",
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
     write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
-    return;
+    GenerateOutcome outcome;
+    outcome.stopped = world.share_from_coordinator(0, options.transport_timeout_seconds) != 0;
+    return outcome;
   }
 
-  // The coordinator: encode, then its own stage, then the ring.
-  const auto prompts = flux.encode_prompts(request);
-  const at::Tensor latents = flux.initial_latents(request, grid);
+  // The coordinator: encode (or take the checkpoint's embeddings), then its own stage, then the ring.
+  pipeline::PromptEmbeddings prompts;
+  at::Tensor latents;
+  if (checkpoints.resume) {
+    const auto& c = *checkpoints.resume;
+    prompts.prompt_embeds = from_raw(c.prompt_embeds, request.device);
+    prompts.pooled = from_raw(c.pooled, request.device);
+    latents = from_raw(c.latents, request.device);
+    DP_INFO("resume: ", checkpoints.resume_path, ": ", c.steps_done(), "/", c.run.steps,
+            " steps done (slowest image); prompt embeddings from the checkpoint, no text encoder runs");
+  } else {
+    prompts = encode_prompts_cached(flux, request, checkpoints.embeddings_cache);
+    latents = flux.initial_latents(request, grid);
+  }
   at::Tensor final_latents;
+  GenerateOutcome outcome;
   {
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
     auto stage = timer.loading("transformer load", load_stage);
@@ -263,7 +281,43 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     job.guidance_embeds = schedule.guidance_embeds;
     job.microbatch_size = options.microbatch_size;
     job.scheduler = &schedule.scheduler;
+    if (checkpoints.resume) {
+      const auto& c = *checkpoints.resume;
+      // Same options and model give the same schedule; a difference means another scheduler config.
+      DP_CHECK(c.sigmas == schedule.scheduler.sigmas() && c.timesteps == schedule.scheduler.timesteps(),
+               checkpoints.resume_path, ": the checkpoint's sigma/timestep schedule differs from the one this run "
+               "computes (another scheduler config or diffpipe version?)");
+      DP_CHECK(c.latents.shape == latents.sizes().vec(), checkpoints.resume_path, ": latents of shape ",
+               latents.sizes(), " expected for this model and size");
+      job.start_steps = c.image_steps;
+    }
+    io::Checkpoint base;
+    if (!checkpoints.dir.empty()) {
+      base.run.prompts = request.prompts;
+      base.run.num_images_per_prompt = request.num_images_per_prompt;
+      base.run.height = request.height;
+      base.run.width = request.width;
+      base.run.steps = request.steps;
+      base.run.guidance = request.guidance;
+      base.run.seed = request.seed;
+      base.run.max_sequence_length = request.max_sequence_length;
+      base.run.dtype = io::run_dtype_name(request.dtype);
+      base.run.microbatch_size = options.microbatch_size;
+      base.model_dir = fs::absolute(flux.folder().dir()).string();
+      base.model_fingerprint = fingerprint;
+      base.device_map = plan.digest + " " + plan.hf_device_map.dump();
+      base.world_size = world.size();
+      base.written_by = build_id();
+      base.sigmas = schedule.scheduler.sigmas();
+      base.timesteps = schedule.scheduler.timesteps();
+      // Written with every checkpoint, copied to the CPU once.
+      base.prompt_embeds = checkpoints.resume ? checkpoints.resume->prompt_embeds : to_raw(prompts.prompt_embeds);
+      base.pooled = checkpoints.resume ? checkpoints.resume->pooled : to_raw(prompts.pooled);
+    }
+    Checkpointer checkpointer(checkpoints, std::move(base));
     pipeline::LoopCallbacks callbacks;
+    if (!checkpoints.dir.empty())
+      callbacks.at_boundary = [&checkpointer](const pipeline::LoopState& state) { return checkpointer.at_boundary(state); };
     // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
     const int steps = schedule.scheduler.num_inference_steps();
     const bool several_microbatches = latents.size(0) > options.microbatch_size;
@@ -279,6 +333,9 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     const auto began = std::chrono::steady_clock::now();
     final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
     executor.shutdown();
+    outcome.stopped = checkpointer.stopped();
+    outcome.checkpoint = checkpointer.last_path();
+    world.share_from_coordinator(outcome.stopped ? 1 : 0, options.transport_timeout_seconds);
     RankTimes times = executor.times();
     times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport.get());
@@ -287,8 +344,10 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
               executor.times().wait_seconds, " s waiting for results; ", transport->bytes_sent() / 1e6, " MB sent, ",
               transport->bytes_received() / 1e6, " MB received");
   }  // the coordinator's blocks are released before the VAE loads
+  if (outcome.stopped) return outcome;  // the checkpoint holds the state; there is no output yet
   if (outputs.on_latents) outputs.on_latents(final_latents);
   if (outputs.on_images) outputs.on_images(flux.decode(request, grid, final_latents));
+  return outcome;
 }
 
 }  // namespace
@@ -310,10 +369,11 @@ std::string model_fingerprint(const std::string& transformer_dir) {
   return fnv.hex();
 }
 
-void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                          const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs) {
+GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                                     const pipeline::LatentGrid& grid, const RuntimeOptions& options,
+                                     const Outputs& outputs) {
   std::unique_ptr<Transport> transport;
-  run_ranks(flux, request, grid, options, outputs, World::get(), transport);
+  return run_ranks(flux, request, grid, options, outputs, World::get(), transport);
 }
 
 }  // namespace dp::runtime
