@@ -252,11 +252,20 @@ std::string newest_valid_checkpoint(const std::string& dir) {
 
 void prune_checkpoints(const std::string& dir, int keep) {
   DP_CHECK(keep >= 1, "--keep-checkpoints must be at least 1, got ", keep);
+  std::vector<std::string> remove;
   const auto paths = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < paths.size(); ++i) {
+  for (size_t i = 0; i + static_cast<size_t>(keep) < paths.size(); ++i) remove.push_back(paths[i]);
+  // Temporaries of writers killed before their rename (SIGKILL, a lost node): never resumed from, only space.
+  // The writer of this job has committed by now; two jobs must not share a checkpoint directory.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".checkpoint-step", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
+      remove.push_back(entry.path().string());
+  }
+  for (const auto& path : remove) {
     std::error_code ec;
-    fs::remove(paths[i], ec);
-    if (ec) DP_WARN(paths[i], ": cannot remove an old checkpoint (", ec.message(), ")");
+    fs::remove(path, ec);
+    if (ec) DP_WARN(path, ": cannot remove an old checkpoint (", ec.message(), ")");
   }
 }
 

@@ -88,7 +88,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // The newest checkpoint in `dir` that reads and validates; older ones are tried when a newer one is damaged
 // (each refusal is logged as a warning). Throws when there is none, naming the reasons.
 std::string newest_valid_checkpoint(const std::string& dir);
-// Removes all but the newest `keep` checkpoints in `dir` (keep >= 1).
+// Removes all but the newest `keep` checkpoints in `dir` (keep >= 1), and temporaries of killed writers.
 void prune_checkpoints(const std::string& dir, int keep);
 
 // What differs between a checkpoint and a run: one line per field, empty when they agree. Fields the user
