@@ -70,6 +70,19 @@ Checkpointer::Checkpointer(const CheckpointOptions& options, io::Checkpoint base
   if (const char* hold = std::getenv("DIFFPIPE_TEST_HOLD_AT_STEP")) hold_at_step_ = std::atoi(hold);
 }
 
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();  // never leave a writer running; its failure was or will be lost
+}
+
+void Checkpointer::finish() {
+  if (writer_.joinable()) writer_.join();
+  if (write_failure_) {
+    auto failure = write_failure_;
+    write_failure_ = nullptr;
+    std::rethrow_exception(failure);
+  }
+}
+
 bool Checkpointer::at_boundary(const pipeline::LoopState& state) {
   if (options_.dir.empty()) return false;
   if (options_.every > 0 && state.steps_done > last_written_step_ && state.steps_done % options_.every == 0 &&
@@ -85,6 +98,7 @@ bool Checkpointer::at_boundary(const pipeline::LoopState& state) {
   }
   if (stop_signal() == 0) return false;
   write(state);
+  finish();  // the checkpoint is on disk before every rank is told to stop
   DP_WARN("stop requested by ", signal_name(stop_signal()), ": checkpoint ", last_path_, " written at step ",
           state.steps_done, "/", state.steps, "; stopping every rank (exit ", kExitCheckpointedAndStopped, ")");
   stopped_ = true;
@@ -92,19 +106,31 @@ bool Checkpointer::at_boundary(const pipeline::LoopState& state) {
 }
 
 void Checkpointer::write(const pipeline::LoopState& state) {
+  finish();  // one write at a time, in order
   const auto started = std::chrono::steady_clock::now();
-  io::Checkpoint c = base_;  // shares the embeddings' bytes
-  c.image_steps = state.image_steps;
-  c.latents = to_raw(state.latents());
+  auto c = std::make_shared<io::Checkpoint>(base_);  // shares the embeddings' bytes
+  c->image_steps = state.image_steps;
+  c->latents = to_raw(state.latents());  // a host copy: the loop moves on
+  const double copy_ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() * 1000;
   const std::string path = (fs::path(options_.dir) / io::checkpoint_file_name(state.steps_done)).string();
-  io::write_checkpoint(path, c);
-  io::prune_checkpoints(options_.dir, options_.keep);
   last_path_ = path;
   last_written_step_ = state.steps_done;
   ++written_;
-  DP_INFO("checkpoint ", path, " written (step ", state.steps_done, "/", state.steps, ") in ", std::fixed,
-          std::setprecision(1),
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() * 1000, " ms");
+  const std::string dir = options_.dir;
+  const int keep = options_.keep, step = state.steps_done, steps = state.steps;
+  writer_ = std::thread([this, c, path, dir, keep, step, steps, copy_ms] {
+    try {
+      const auto began = std::chrono::steady_clock::now();
+      io::write_checkpoint(path, *c);
+      io::prune_checkpoints(dir, keep);
+      DP_INFO("checkpoint ", path, " written (step ", step, "/", steps, "): ", std::fixed, std::setprecision(1),
+              copy_ms, " ms in the loop (host copy), ",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() * 1000,
+              " ms writing in the background");
+    } catch (...) {
+      write_failure_ = std::current_exception();
+    }
+  });
 }
 
 std::string encoder_fingerprint(const io::ModelFolder& folder) {

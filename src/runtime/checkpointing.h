@@ -4,8 +4,10 @@
 // and the prompt-embedding cache around FluxPipeline::encode_prompts.
 #include <ATen/ATen.h>
 
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "io/checkpoint_file.h"
 #include "pipeline/denoise_loop.h"
@@ -38,12 +40,21 @@ at::Tensor from_raw(const io::RawTensor& raw, const at::Device& device);
 
 // Called at each step boundary; writes a checkpoint every `every` steps and on a stop signal, and says
 // whether to stop. `last_path` is the newest checkpoint written.
+//
+// The loop pays only for copying the latents to the host: the file is written (HDF5, fsync, rename, fsync
+// of the directory) on a background thread while the next steps run. One write at a time: a checkpoint due
+// while the previous one is still being written waits for it. A stop waits for its checkpoint to be on disk
+// before at_boundary returns, and finish() (or the destructor) waits for the last one; a failed write is
+// rethrown there, so it ends the run like any other error.
 class Checkpointer {
  public:
   // `base`: what a checkpoint records besides the loop's state (run, model, device map, world size, schedule,
   // prompts and their embeddings).
   Checkpointer(const CheckpointOptions& options, io::Checkpoint base);
+  ~Checkpointer();
   bool at_boundary(const pipeline::LoopState& state);
+  // Waits for the write in progress; rethrows its failure.
+  void finish();
   bool stopped() const { return stopped_; }
   const std::string& last_path() const { return last_path_; }
   int checkpoints_written() const { return written_; }
@@ -51,6 +62,8 @@ class Checkpointer {
  private:
   void write(const pipeline::LoopState& state);
   const CheckpointOptions& options_;
+  std::thread writer_;
+  std::exception_ptr write_failure_;
   io::Checkpoint base_;
   int last_written_step_ = -1;
   int hold_at_step_ = -1;  // DIFFPIPE_TEST_HOLD_AT_STEP (tests only)

@@ -332,6 +332,7 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
     }
     const auto began = std::chrono::steady_clock::now();
     final_latents = pipeline::run_denoise_loop(job, executor, callbacks);
+    checkpointer.finish();  // the last checkpoint on disk (or its failure) before the ranks stop
     executor.shutdown();
     outcome.stopped = checkpointer.stopped();
     outcome.checkpoint = checkpointer.last_path();
