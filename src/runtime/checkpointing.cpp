@@ -85,12 +85,13 @@ void Checkpointer::finish() {
 
 bool Checkpointer::at_boundary(const pipeline::LoopState& state) {
   if (options_.dir.empty()) return false;
-  if (options_.every > 0 && state.steps_done > last_written_step_ && state.steps_done % options_.every == 0 &&
-      state.steps_done < state.steps)
+  if (options_.every > 0 && state.steps_done > 0 && state.steps_done > last_written_step_ &&
+      state.steps_done % options_.every == 0 && state.steps_done < state.steps)
     write(state);
   if (state.steps_done == hold_at_step_ && !held_) {
     // Tests stop a run at an exact step with a real signal: the run waits here (bounded) for it.
     held_ = true;
+    finish();  // what was written up to here is on disk while the test acts
     DP_INFO("test hook: holding at step ", state.steps_done, " for a stop signal (at most 60 s)");
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (stop_signal() == 0 && std::chrono::steady_clock::now() < until)
