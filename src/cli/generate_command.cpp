@@ -448,7 +448,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       "Checked before any work: the output paths (writable, not a directory), the limits above, and the memory\n"
       "the activations need (estimated from the configs) against what the device has free.\n\n"
       "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM after\n"
-      "writing a checkpoint into --checkpoint-dir (every rank, and mpirun): requeue the job with --resume DIR.");
+      "writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun\n"
+      "exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
 });
 
 }  // namespace
