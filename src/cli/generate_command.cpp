@@ -1,4 +1,5 @@
 // `diffpipe generate`: the whole FLUX pipeline in one process, with diffusers' defaults and numbers.
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
+#include "io/checkpoint_file.h"
 #include "io/hdf5_latents.h"
 #include "io/png_image.h"
 #include "io/run_dtype.h"
@@ -40,7 +42,62 @@ struct GenerateOptions {
   double guidance = 3.5;
   uint64_t seed = 0;
   runtime::RuntimeOptions runtime;
+  std::string resume;  // --resume FILE|DIR
+  // The run options given on the command line (as compare_runs names them): --resume takes the others from
+  // the checkpoint.
+  std::vector<std::string> given;
+  bool was_given(const std::string& field) const { return std::find(given.begin(), given.end(), field) != given.end(); }
 };
+
+// --resume: reads and validates the checkpoint (a directory: its newest valid one) and fills the options the
+// user did not give from it. Mismatches with the options given are checked once the size is resolved.
+std::shared_ptr<const io::Checkpoint> read_resume_checkpoint(const GenerateOptions& o, std::string& path) {
+  if (o.resume.empty()) return nullptr;
+  path = std::filesystem::is_directory(o.resume) ? io::newest_valid_checkpoint(o.resume) : o.resume;
+  try {
+    return std::make_shared<const io::Checkpoint>(io::read_checkpoint(path));
+  } catch (const Error& e) {
+    throw Error(str("--resume ", e.what()), e.file(), e.line());
+  }
+}
+
+void take_options_from_checkpoint(const io::CheckpointRun& c, GenerateOptions& o) {
+  if (!o.was_given("prompts")) o.prompts = c.prompts;
+  if (!o.was_given("num-images-per-prompt")) o.num_images_per_prompt = c.num_images_per_prompt;
+  if (!o.was_given("height")) o.height = c.height;
+  if (!o.was_given("width")) o.width = c.width;
+  if (!o.was_given("steps")) o.steps = c.steps;
+  if (!o.was_given("guidance")) o.guidance = c.guidance;
+  if (!o.was_given("seed")) o.seed = c.seed;
+  if (!o.was_given("max-sequence-length")) o.max_sequence_length = c.max_sequence_length;
+  if (!o.was_given("dtype")) o.dtype = c.dtype;
+  if (!o.was_given("microbatch-size")) o.runtime.microbatch_size = c.microbatch_size;
+}
+
+// After the size is resolved: every option given must match the checkpoint, and so must the model.
+void check_resume_matches(const io::Checkpoint& c, const std::string& path, const GenerateOptions& o,
+                          const pipeline::GenerateRequest& request, const std::string& dtype,
+                          const pipeline::FluxPipeline& flux) {
+  io::CheckpointRun run;
+  run.prompts = request.prompts;
+  run.num_images_per_prompt = request.num_images_per_prompt;
+  run.height = request.height;
+  run.width = request.width;
+  run.steps = request.steps;
+  run.guidance = request.guidance;
+  run.seed = request.seed;
+  run.max_sequence_length = request.max_sequence_length;
+  run.dtype = dtype;
+  run.microbatch_size = o.runtime.microbatch_size;
+  std::string differences;
+  for (const auto& d : io::compare_runs(c.run, run, o.given))
+    differences += str("\n  --", d.field, ": checkpoint ", d.in_checkpoint, ", this run ", d.in_run);
+  DP_CHECK(differences.empty(), "--resume ", path, " was written with other options (leave them out to take the "
+           "checkpoint's):", differences);
+  const std::string fingerprint = runtime::model_fingerprint(flux.folder().component("transformer").path);
+  DP_CHECK(fingerprint == c.model_fingerprint, "--resume ", path, " was written for another model: transformer "
+           "fingerprint ", c.model_fingerprint, " (", c.model_dir, "), --model ", o.model, " has ", fingerprint);
+}
 
 // Prompts are checked as they are read, so that a bad one is named where the user can find it.
 void check_prompt_text(const std::string& prompt, const std::string& where) {
@@ -186,11 +243,20 @@ std::string numbered_path(const std::string& path, int64_t index, int64_t count)
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + p.extension().string())).string();
 }
 
-void generate_on_this_rank(const GenerateOptions& o) {
+void generate_on_this_rank(const GenerateOptions& given_options) {
+  GenerateOptions o = given_options;
   // Everything up to the folder's checks is cheap: a bad request fails in milliseconds, before any weight is
   // read, and leaves no file behind.
   const auto& world = runtime::World::get();
   check_no_stray_words(o);
+  auto& checkpoints = o.runtime.checkpoints;
+  DP_CHECK(checkpoints.every >= 0, "--checkpoint-every must be 0 or more steps, got ", checkpoints.every);
+  DP_CHECK(checkpoints.keep >= 1, "--keep-checkpoints must be at least 1, got ", checkpoints.keep);
+  DP_CHECK(checkpoints.every == 0 || !checkpoints.dir.empty(), "--checkpoint-every needs --checkpoint-dir");
+  // Every rank: a stop signal forwarded by mpirun must not kill a stage before the coordinator checkpoints.
+  if (!checkpoints.dir.empty()) runtime::install_stop_signal_handlers();
+  checkpoints.resume = read_resume_checkpoint(o, checkpoints.resume_path);
+  if (checkpoints.resume) take_options_from_checkpoint(checkpoints.resume->run, o);
   pipeline::GenerateRequest request;
   for (size_t i = 0; i < o.prompts.size(); ++i) check_prompt_text(o.prompts[i], str("prompt ", i + 1));
   request.prompts = o.prompts;
@@ -220,6 +286,13 @@ void generate_on_this_rank(const GenerateOptions& o) {
   for (int64_t i = 0; i < outputs_count; ++i)
     out_paths.push_back(writes_in_place(out) ? out : numbered_path(out, i, outputs_count));
   if (world.is_coordinator()) {  // the one rank that writes
+    if (!checkpoints.dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(checkpoints.dir, ec);
+      DP_CHECK(!ec, "--checkpoint-dir ", checkpoints.dir, ": cannot create it (", ec.message(), ")");
+      check_output_option("--checkpoint-dir", (std::filesystem::path(checkpoints.dir) / io::checkpoint_file_name(0)).string());
+    }
+    if (!checkpoints.embeddings_cache.empty()) check_output_option("--embeddings-cache", checkpoints.embeddings_cache);
     for (const auto& path : out_paths) check_output_option("--out", path);
     if (!o.report_json.empty()) check_output_option("--report-json", o.report_json);
   }
@@ -232,6 +305,7 @@ void generate_on_this_rank(const GenerateOptions& o) {
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
   const auto grid = flux.resolve_image_size(request);
+  if (checkpoints.resume) check_resume_matches(*checkpoints.resume, checkpoints.resume_path, o, request, dtype, flux);
   // Which rank runs CLIP, T5 and the VAE, checked here, before any weight is read: a map that names a GPU past
   // the world is refused naming the component. The rank that decodes checks the VAE's activations.
   const auto components = runtime::plan_components(flux.folder(), o.runtime.pipeline_device_map,
@@ -284,7 +358,15 @@ void generate_on_this_rank(const GenerateOptions& o) {
       written.push_back(out_paths.front());
     };
   }
-  runtime::distributed_generate(flux, request, grid, o.runtime, outputs);
+  const auto outcome = runtime::distributed_generate(flux, request, grid, o.runtime, outputs);
+  if (outcome.stopped) {
+    // Every rank exits with the code batch scripts requeue on; mpirun passes it on.
+    command_exit_code() = runtime::kExitCheckpointedAndStopped;
+    if (world.is_coordinator())
+      std::cout << "stopped by a signal: checkpoint " << outcome.checkpoint << " written; resume with --resume "
+                << checkpoints.dir << " (exit " << runtime::kExitCheckpointedAndStopped << ")\n";
+    return;
+  }
   if (!runtime::World::get().is_coordinator()) return;  // rank 0 reports and writes
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -369,14 +451,37 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "and from its neighbours, compute/receive/send/idle seconds in total and per step; on cuda compute "
                   "is device time from CUDA events, and so are send/receive over nccl); with N > 1 ranks beside PATH "
                   "as PATH.rankR.json");
-  cmd->callback([o] {
+  cmd->add_option("--checkpoint-dir", o->runtime.checkpoints.dir,
+                  "write denoising checkpoints (HDF5, atomically) into this directory: every --checkpoint-every "
+                  "steps, and on SIGUSR1 or SIGTERM at the next step boundary, after which every rank stops with "
+                  "exit status 75");
+  cmd->add_option("--checkpoint-every", o->runtime.checkpoints.every,
+                  "steps between checkpoints (0: only on a stop signal)")->capture_default_str();
+  cmd->add_option("--keep-checkpoints", o->runtime.checkpoints.keep, "keep the newest N checkpoints")
+      ->capture_default_str();
+  cmd->add_option("--resume", o->resume,
+                  "continue from a checkpoint file, or the newest valid one in a directory; options not given are "
+                  "taken from it, those given must match it (any world size and device map)");
+  cmd->add_option("--embeddings-cache", o->runtime.checkpoints.embeddings_cache,
+                  "HDF5 file of prompt embeddings keyed by prompt, max sequence length, dtype and the text "
+                  "encoders' fingerprint: prompts found there skip CLIP and T5, new ones are added");
+  cmd->callback([o, cmd] {
+    for (const auto& [flag, field] : std::vector<std::pair<std::string, std::string>>{
+             {"--prompt", "prompts"}, {"--prompts-file", "prompts"}, {"--num-images-per-prompt", "num-images-per-prompt"},
+             {"--height", "height"}, {"--width", "width"}, {"--steps", "steps"}, {"--guidance", "guidance"},
+             {"--seed", "seed"}, {"--max-sequence-length", "max-sequence-length"}, {"--dtype", "dtype"},
+             {"--microbatch-size", "microbatch-size"}})
+      if (cmd->count(flag) > 0) o->given.push_back(field);
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
     world.run_guarded([&] { run_reporting_torch_errors([&] { generate_on_this_rank(*o); }); });
   });
   cmd->footer(
       "Checked before any work: the output paths (writable, not a directory), the limits above, and the memory\n"
-      "the activations need (estimated from the configs) against what the device has free.");
+      "the activations need (estimated from the configs) against what the device has free.\n\n"
+      "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM after\n"
+      "writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun\n"
+      "exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
 });
 
 }  // namespace

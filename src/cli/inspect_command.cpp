@@ -10,6 +10,7 @@
 #include "cli/format.h"
 #include "core/error.h"
 #include "core/json_file.h"
+#include "io/checkpoint_file.h"
 #include "io/model_folder.h"
 #include "io/weight_index.h"
 #include "models/component_check.h"
@@ -113,15 +114,77 @@ void run_inspect(const std::string& model_dir, bool as_json) {
            " found (listed above)");
 }
 
+// `inspect --checkpoint FILE`: what a denoising checkpoint holds, read and validated as --resume would.
+void inspect_checkpoint(const std::string& path, bool as_json) {
+  const io::Checkpoint c = io::read_checkpoint(path);  // throws naming what is wrong
+  nlohmann::ordered_json images = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < c.image_steps.size(); ++i) {
+    const size_t prompt = i / static_cast<size_t>(c.run.num_images_per_prompt);
+    images.push_back({{"image", i}, {"prompt", prompt}, {"steps_done", c.image_steps[i]}});
+  }
+  nlohmann::ordered_json report = {
+      {"checkpoint", path},
+      {"format_version", c.format_version},
+      {"steps_done", c.steps_done()},
+      {"steps", c.run.steps},
+      {"finished", c.finished()},
+      {"prompts", c.run.prompts},
+      {"images", images},
+      {"model", c.model_dir},
+      {"model_fingerprint", c.model_fingerprint},
+      {"options", {{"height", c.run.height}, {"width", c.run.width}, {"steps", c.run.steps},
+                   {"guidance", c.run.guidance}, {"seed", c.run.seed}, {"dtype", c.run.dtype},
+                   {"num_images_per_prompt", c.run.num_images_per_prompt},
+                   {"max_sequence_length", c.run.max_sequence_length}, {"microbatch_size", c.run.microbatch_size}}},
+      {"world_size", c.world_size},
+      {"device_map", c.device_map},
+      {"written_by", c.written_by},
+      {"latents_shape", c.latents.shape},
+      {"prompt_embeds_shape", c.prompt_embeds.shape},
+      {"pooled_prompt_embeds_shape", c.pooled.shape}};
+  if (as_json) {
+    std::cout << report.dump(2) << "\n";
+    return;
+  }
+  std::cout << "checkpoint: " << path << " (format version " << c.format_version << ", valid)\n"
+            << "progress: " << c.steps_done() << "/" << c.run.steps << " steps done by the slowest image"
+            << (c.finished() ? " (finished: a resume only decodes)" : "") << "\n"
+            << "model: " << c.model_dir << " (fingerprint " << c.model_fingerprint << ")\n"
+            << "written by " << c.written_by << " on " << c.world_size << " rank(s), device map " << c.device_map
+            << "\n"
+            << "options: --height " << c.run.height << " --width " << c.run.width << " --steps " << c.run.steps
+            << " --guidance " << c.run.guidance << " --seed " << c.run.seed << " --dtype " << c.run.dtype
+            << " --num-images-per-prompt " << c.run.num_images_per_prompt << " --max-sequence-length "
+            << c.run.max_sequence_length << " --microbatch-size " << c.run.microbatch_size << "\n";
+  for (size_t p = 0; p < c.run.prompts.size(); ++p) {
+    std::cout << "prompt " << p << ": \"" << c.run.prompts[p] << "\"\n  steps done per image:";
+    for (int n = 0; n < c.run.num_images_per_prompt; ++n)
+      std::cout << " " << c.image_steps[p * static_cast<size_t>(c.run.num_images_per_prompt) + static_cast<size_t>(n)];
+    std::cout << "\n";
+  }
+}
+
 CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
   auto* cmd = root.add_subcommand("inspect", "List components, parameter counts, dtypes and bytes per top-level "
                                              "module, from safetensors headers only, and check each component "
                                              "as generate does before it runs (exit status 1 on any problem)");
   auto model = std::make_shared<std::string>();
+  auto checkpoint = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
-  cmd->add_option("--model", *model, "diffusers model folder (or one component folder)")->required();
+  auto* model_option = cmd->add_option("--model", *model, "diffusers model folder (or one component folder)");
+  auto* checkpoint_option = cmd->add_option(
+      "--checkpoint", *checkpoint,
+      "instead of a model: a denoising checkpoint (generate --checkpoint-dir): its prompts, steps done per image, "
+      "model fingerprint and options, after the checks --resume makes (exit status 1 when it would refuse it)");
+  model_option->excludes(checkpoint_option);
   cmd->add_flag("--json", *as_json, "print one JSON object instead of tables");
-  cmd->callback([model, as_json] { run_inspect(*model, *as_json); });
+  cmd->callback([model, checkpoint, as_json] {
+    DP_CHECK(!model->empty() || !checkpoint->empty(), "inspect needs --model DIR or --checkpoint FILE");
+    if (!checkpoint->empty())
+      inspect_checkpoint(*checkpoint, *as_json);
+    else
+      run_inspect(*model, *as_json);
+  });
 });
 
 }  // namespace

@@ -6,30 +6,15 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "io/hdf5_support.h"
 
 namespace dp::io {
 namespace {
 
-// Closes an HDF5 handle with the matching close function.
-class Handle {
- public:
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Handle() {
-    if (id_ >= 0) close_(id_);
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
+using hdf5::Handle;
 
 struct SilenceHdf5Errors {
-  // HDF5 prints its own error stack to stderr; we report failures ourselves, with context.
-  SilenceHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+  SilenceHdf5Errors() { hdf5::silence_errors(); }
 };
 const SilenceHdf5Errors silence;
 

@@ -32,6 +32,7 @@ struct Microbatch {
   int64_t first_row = 0;
   at::Tensor latents;
   int next_step = 0;
+  int64_t rows = 0;  // kept apart from latents, which a finished microbatch may drop
 };
 
 }  // namespace
@@ -44,10 +45,19 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   const int steps = job.scheduler->num_inference_steps();
   const auto options = job.latents.options();
 
+  DP_CHECK(job.start_steps.empty() || static_cast<int64_t>(job.start_steps.size()) == batch, "resume: ",
+           job.start_steps.size(), " image step indices for a batch of ", batch);
+  const auto start_step = [&](int64_t row) { return job.start_steps.empty() ? 0 : job.start_steps[static_cast<size_t>(row)]; };
   std::vector<Microbatch> microbatches;
   for (int64_t row = 0; row < batch; row += job.microbatch_size) {
     const int64_t rows = std::min(job.microbatch_size, batch - row);
-    microbatches.push_back({row, job.latents.narrow(0, row, rows), 0});
+    const int first = start_step(row);
+    DP_CHECK(first >= 0 && first <= steps, "resume: image ", row, " is at step ", first, " of ", steps);
+    for (int64_t r = row; r < row + rows; ++r)
+      DP_CHECK(start_step(r) == first, "resume: images ", row, " and ", r, " of one microbatch (--microbatch-size ",
+               job.microbatch_size, ") are at steps ", first, " and ", start_step(r),
+               "; resume with the microbatch size the checkpoint was written with");
+    microbatches.push_back({row, job.latents.narrow(0, row, rows), first, rows});
   }
   const auto step_inputs = [&](const Microbatch& m) {
     const int64_t rows = m.latents.size(0);
@@ -65,13 +75,30 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   // keeps the embedded prompts of the window, not of the whole batch.
   const int depth = std::max(1, executor.max_in_flight());
   const auto count = static_cast<int64_t>(microbatches.size());
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<int> finished_steps;
+  for (const auto& m : microbatches) finished_steps.push_back(m.next_step);
+  int reported_step = *std::min_element(finished_steps.begin(), finished_steps.end());
+  int64_t row_steps_done = 0;  // sum over microbatches of rows x steps finished
+  for (const auto& m : microbatches) row_steps_done += m.latents.size(0) * m.next_step;
+  int64_t images_done = 0;
+  const auto finish = [&](Microbatch& m) {
+    images_done += m.latents.size(0);
+    if (callbacks.on_microbatch_done) callbacks.on_microbatch_done(m.first_row, m.latents);
+    if (!job.keep_final_latents) m.latents = at::Tensor();
+  };
   std::deque<int64_t> ready;
   int64_t next_to_enter = 0;
   int active = 0;
   const auto admit = [&] {
     while (active < depth && next_to_enter < count) {
       const int64_t i = next_to_enter++;
-      const auto& m = microbatches[static_cast<size_t>(i)];
+      auto& m = microbatches[static_cast<size_t>(i)];
+      if (m.next_step >= steps) {
+        // Finished before a resume: its latents come from the checkpoint, and it is handed on (decoded) again.
+        finish(m);
+        continue;
+      }
       executor.send_prompts(i, job.prompt_embeds.narrow(0, m.first_row, m.latents.size(0)),
                             job.pooled.narrow(0, m.first_row, m.latents.size(0)));
       ready.push_back(i);
@@ -79,12 +106,35 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
     }
   };
   admit();
-  const auto started = std::chrono::steady_clock::now();
-  int64_t row_steps_done = 0;  // sum over microbatches of rows x steps finished
-  int reported_step = 0;
-  int64_t images_done = 0;
+  const auto state = [&]() {
+    LoopState now;
+    for (const auto& m : microbatches) now.image_steps.insert(now.image_steps.end(), static_cast<size_t>(m.rows), m.next_step);
+    now.steps_done = *std::min_element(finished_steps.begin(), finished_steps.end());
+    now.steps = steps;
+    now.latents = [&microbatches, &job] {
+      std::vector<at::Tensor> parts;
+      for (const auto& m : microbatches)
+        // A finished microbatch whose latents were dropped (images written, keep_final_latents off) is stored as
+        // zeros: a resume does not run or decode it again only if it keeps them, which is why checkpointing runs
+        // keep them.
+        parts.push_back(m.latents.defined() ? m.latents
+                                            : at::zeros({m.rows, job.latents.size(1), job.latents.size(2)},
+                                                        job.latents.options()));
+      return at::cat(parts, 0);
+    };
+    return now;
+  };
   int in_flight = 0;
+  bool stopping = false;
   while (!ready.empty() || in_flight > 0) {
+    if (stopping) {
+      // The state returned is the one the caller saw at the stop; steps still in flight come back and are
+      // dropped, so that the executor (the ring) is quiet when it shuts down.
+      if (in_flight == 0) break;
+      executor.wait_result();
+      --in_flight;
+      continue;
+    }
     while (!ready.empty() && in_flight < depth) {
       const int64_t id = ready.front();
       ready.pop_front();
@@ -102,15 +152,14 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
     m.latents = job.scheduler->step(result.noise_pred.to(m.latents.device()), m.next_step, m.latents);
     if (callbacks.check_step) callbacks.check_step(result.microbatch, m.next_step, m.latents);
     ++m.next_step;
+    finished_steps[static_cast<size_t>(result.microbatch)] = m.next_step;
     row_steps_done += m.latents.size(0);
     if (m.next_step < steps) {
       ready.push_back(result.microbatch);
     } else {
       executor.release(result.microbatch);
-      images_done += m.latents.size(0);
       --active;
-      if (callbacks.on_microbatch_done) callbacks.on_microbatch_done(m.first_row, m.latents);
-      if (!job.keep_final_latents) m.latents = at::Tensor();
+      finish(m);
       admit();
     }
     const int whole_steps = static_cast<int>(row_steps_done / batch);
@@ -119,11 +168,10 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
         callbacks.on_step({reported_step + 1, steps, images_done,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
     }
+    if (callbacks.at_boundary && callbacks.at_boundary(state())) stopping = true;
   }
-  if (!job.keep_final_latents) return at::Tensor();
-  std::vector<at::Tensor> parts;
-  for (const auto& m : microbatches) parts.push_back(m.latents);
-  return at::cat(parts, 0);
+  if (!job.keep_final_latents && !stopping) return at::Tensor();
+  return state().latents();
 }
 
 }  // namespace dp::pipeline

@@ -67,6 +67,9 @@ struct DenoiseJob {
   // hundreds of images holds only the microbatches in flight.
   bool keep_final_latents = true;
   const schedulers::FlowMatchEulerScheduler* scheduler = nullptr;  // timesteps set
+  // Where each image starts (a resumed checkpoint): steps already done per image, empty for all 0. The images
+  // of one microbatch must be at the same step; a microbatch already at the last step is not run again.
+  std::vector<int32_t> start_steps;
 };
 
 struct LoopProgress {
@@ -85,9 +88,21 @@ struct LoopCallbacks {
   std::function<void(int64_t first_row, const at::Tensor& latents)> on_microbatch_done;
   // After every Euler update (non-finite values, say); throws to stop the run.
   std::function<void(int64_t microbatch, int step, const at::Tensor& latents)> check_step;
+  // At each step boundary (after every Euler update and the on_step calls it causes): the loop's state, from
+  // which a resumed loop continues exactly. Returning true stops the loop there: the steps still in flight
+  // are drained and dropped, and run_denoise_loop returns the latents of that state.
+  std::function<bool(const struct LoopState&)> at_boundary;
 };
 
-// Runs the loop to the end and returns the final latents of the whole batch (B, N_img, C), or an undefined
+struct LoopState {
+  std::vector<int32_t> image_steps;  // steps done per image (B)
+  int steps_done = 0;                // the slowest image's
+  int steps = 0;
+  // The whole batch's latents (B, N_img, C) at image_steps; built when called (a concatenation).
+  std::function<at::Tensor()> latents;
+};
+
+// Runs the loop to the end (or until at_boundary stops it: then the latents of that state) and returns the final latents of the whole batch (B, N_img, C), or an undefined
 // tensor when job.keep_final_latents is off. Microbatches enter a window of executor.max_in_flight() at a time,
 // in order: enough to keep every stage busy, and each leaves (and is handed to on_microbatch_done) as soon as
 // its last step is back, so microbatches finish one after another rather than all in the last round.

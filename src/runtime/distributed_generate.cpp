@@ -335,9 +335,9 @@ int64_t microbatch_rows(int64_t id, int64_t batch, int64_t microbatch_size) {
   return std::min(microbatch_size, batch - id * microbatch_size);
 }
 
-void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
-               const RuntimeOptions& options, const Outputs& outputs, World& world,
-               std::unique_ptr<Transport>& transport) {
+GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                          const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs,
+                          World& world, std::unique_ptr<Transport>& transport) {
   c10::InferenceMode guard;
   const std::string transport_name = choose_transport(options.transport, request.device.is_cuda(), world.size());
   if (world.is_coordinator())
@@ -354,7 +354,11 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size, output, component map)",
               request_digest(request, options) + (decode ? ", png" : ", latent"), options.transport_timeout_seconds);
   const std::string transformer_dir = flux.folder().component("transformer").path;
-  world.agree("model fingerprint (transformer config and tensor headers)", model_fingerprint(transformer_dir),
+  const std::string fingerprint = model_fingerprint(transformer_dir);
+  world.agree("model fingerprint (transformer config and tensor headers)", fingerprint,
+              options.transport_timeout_seconds);
+  const auto& checkpoints = options.checkpoints;
+  world.agree("checkpoint to resume from", checkpoints.resume ? checkpoints.resume_path : "(none)",
               options.transport_timeout_seconds);
   // Before anything loads: a component map naming a rank past the world is refused here, on every rank.
   const ComponentPlan components = plan_components(flux.folder(), options.pipeline_device_map, options.max_memory,
@@ -414,9 +418,15 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     return budget;
   };
 
-  // The encode phase on this rank: the encoders the map gives it, each loaded, run and freed in turn.
+  // The encode phase on this rank: the encoders the map gives it, each loaded, run and freed in turn. A resume
+  // runs no encoder, and the embeddings cache lives with the coordinator: then rank 0 takes the whole phase
+  // (every rank reads the same flags, so all know).
+  const bool encoders_on_their_ranks = !checkpoints.resume && checkpoints.embeddings_cache.empty();
+  if (world.is_coordinator() && !encoders_on_their_ranks && components.from_map)
+    DP_INFO("phase encode: on rank 0 (", checkpoints.resume ? "--resume" : "--embeddings-cache",
+            "), not where --pipeline-device-map puts the text encoders");
   at::Tensor pooled, t5_rows;
-  {
+  if (encoders_on_their_ranks) {
     std::optional<pipeline::StageTimer> timer;
     if (world.is_coordinator() || world.rank() == components.clip.rank || world.rank() == components.t5.rank)
       timer.emplace("encode", device, flux.report_sink());
@@ -487,12 +497,29 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
             transport->bytes_sent() / 1e6, " MB sent, ", transport->bytes_received() / 1e6, " MB received");
     write_rank_report(options, world, layout, device, times, load_seconds, load_bytes, transport_name, transport.get(),
                       offload);
-    return;
+    GenerateOutcome outcome;
+    outcome.stopped = world.share_from_coordinator(0, options.transport_timeout_seconds) != 0;
+    return outcome;
   }
 
-  // The coordinator: embeddings on the host, one row per image; the initial noise of the whole batch.
-  const auto prompts = pipeline::FluxPipeline::expand_per_image(request, std::move(pooled), std::move(t5_rows));
-  const at::Tensor latents = flux.initial_latents(request, grid);
+  // The coordinator: embeddings on the host, one row per image (from the encoder ranks, the embeddings cache or
+  // the checkpoint resumed); the initial noise of the whole batch.
+  pipeline::PromptEmbeddings prompts;
+  at::Tensor latents;
+  if (checkpoints.resume) {
+    const auto& c = *checkpoints.resume;
+    prompts.prompt_embeds = from_raw(c.prompt_embeds, request.device);
+    prompts.pooled = from_raw(c.pooled, request.device);
+    latents = from_raw(c.latents, request.device);
+    DP_INFO("resume: ", checkpoints.resume_path, ": ", c.steps_done(), "/", c.run.steps,
+            " steps done (slowest image); prompt embeddings from the checkpoint, no text encoder runs");
+  } else if (!encoders_on_their_ranks) {
+    prompts = encode_prompts_cached(flux, request, checkpoints.embeddings_cache);
+    latents = flux.initial_latents(request, grid);
+  } else {
+    prompts = pipeline::FluxPipeline::expand_per_image(request, std::move(pooled), std::move(t5_rows));
+    latents = flux.initial_latents(request, grid);
+  }
   // The text encoders' cached segments would otherwise be split by the blocks' weights and count against the cap.
   pipeline::release_cached_memory(device);
   std::vector<bool> images_in(static_cast<size_t>(microbatches), false);
@@ -521,6 +548,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
   at::Tensor final_latents;
   RankTimes ring_times;
   models::OffloadStats coordinator_offload;
+  GenerateOutcome outcome;
   {
     pipeline::StageTimer timer("denoise", device, flux.report_sink());
     auto stage = timer.loading("transformer load", load_stage);
@@ -540,8 +568,45 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     job.guidance_embeds = schedule.guidance_embeds;
     job.microbatch_size = options.microbatch_size;
     job.scheduler = &schedule.scheduler;
-    job.keep_final_latents = !decode;  // the HDF5 output holds the whole batch; images need only each microbatch
+    // Checkpoints hold every image's latents, finished ones too (a resume decodes those again).
+    job.keep_final_latents = !decode || !checkpoints.dir.empty();
+    if (checkpoints.resume) {
+      const auto& c = *checkpoints.resume;
+      // Same options and model give the same schedule; a difference means another scheduler config.
+      DP_CHECK(c.sigmas == schedule.scheduler.sigmas() && c.timesteps == schedule.scheduler.timesteps(),
+               checkpoints.resume_path, ": the checkpoint's sigma/timestep schedule differs from the one this run "
+               "computes (another scheduler config or diffpipe version?)");
+      DP_CHECK(c.latents.shape == latents.sizes().vec(), checkpoints.resume_path, ": latents of shape ",
+               latents.sizes(), " expected for this model and size");
+      job.start_steps = c.image_steps;
+    }
+    io::Checkpoint base;
+    if (!checkpoints.dir.empty()) {
+      base.run.prompts = request.prompts;
+      base.run.num_images_per_prompt = request.num_images_per_prompt;
+      base.run.height = request.height;
+      base.run.width = request.width;
+      base.run.steps = request.steps;
+      base.run.guidance = request.guidance;
+      base.run.seed = request.seed;
+      base.run.max_sequence_length = request.max_sequence_length;
+      base.run.dtype = io::run_dtype_name(request.dtype);
+      base.run.microbatch_size = options.microbatch_size;
+      base.model_dir = fs::absolute(flux.folder().dir()).string();
+      base.model_fingerprint = fingerprint;
+      base.device_map = plan.digest + " " + plan.hf_device_map.dump();
+      base.world_size = world.size();
+      base.written_by = build_id();
+      base.sigmas = schedule.scheduler.sigmas();
+      base.timesteps = schedule.scheduler.timesteps();
+      // Written with every checkpoint, copied to the CPU once.
+      base.prompt_embeds = checkpoints.resume ? checkpoints.resume->prompt_embeds : to_raw(prompts.prompt_embeds);
+      base.pooled = checkpoints.resume ? checkpoints.resume->pooled : to_raw(prompts.pooled);
+    }
+    Checkpointer checkpointer(checkpoints, std::move(base));
     pipeline::LoopCallbacks callbacks;
+    if (!checkpoints.dir.empty())
+      callbacks.at_boundary = [&checkpointer](const pipeline::LoopState& state) { return checkpointer.at_boundary(state); };
     // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
     const int steps = schedule.scheduler.num_inference_steps();
     const bool several_microbatches = latents.size(0) > options.microbatch_size;
@@ -571,7 +636,11 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
     const auto began = std::chrono::steady_clock::now();
     final_latents = pipeline::run_phase(0, "denoising", [&] { return pipeline::run_denoise_loop(job, executor, callbacks); });
     log_offload(world, stage.get());
+    checkpointer.finish();  // the last checkpoint on disk (or its failure) before the ranks stop
     executor.shutdown();
+    outcome.stopped = checkpointer.stopped();
+    outcome.checkpoint = checkpointer.last_path();
+    world.share_from_coordinator(outcome.stopped ? 1 : 0, options.transport_timeout_seconds);
     ring_times = executor.times();
     ring_times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     coordinator_offload = stage ? stage->offload_stats() : models::OffloadStats{};
@@ -581,12 +650,14 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
               transport->bytes_received() / 1e6, " MB received");
   }  // the coordinator's blocks are released before a VAE that did not fit next to them loads
   pipeline::release_cached_memory(device);
-  if (outputs.on_latents) outputs.on_latents(final_latents);
-  if (!decode) {
+  if (outcome.stopped || !decode) {
     write_rank_report(options, world, layout, device, ring_times, load_seconds, load_bytes, transport_name,
                       transport.get(), coordinator_offload);
-    return;
+    // Stopped: the checkpoint holds the state, and the images of microbatches finished before it are written.
+    if (!outcome.stopped && outputs.on_latents) outputs.on_latents(final_latents);
+    return outcome;
   }
+  if (outputs.on_latents) outputs.on_latents(final_latents);
   // The decode stage's report. With the VAE resident its work interleaves with denoising (and is inside the
   // denoise stage's wall time too): the report books the VAE's load and decode seconds. When another rank
   // decodes, it books what rank 0 spends waiting for the last images after denoising.
@@ -615,6 +686,7 @@ void run_ranks(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& re
                       transport.get(), coordinator_offload);
   DP_CHECK(microbatches_written == microbatches, "rank 0: ", microbatches_written, " of ", microbatches,
            " microbatches' images were written");
+  return outcome;
 }
 
 }  // namespace
@@ -636,10 +708,11 @@ std::string model_fingerprint(const std::string& transformer_dir) {
   return fnv.hex();
 }
 
-void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                          const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs) {
+GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+                                     const pipeline::LatentGrid& grid, const RuntimeOptions& options,
+                                     const Outputs& outputs) {
   std::unique_ptr<Transport> transport;
-  run_ranks(flux, request, grid, options, outputs, World::get(), transport);
+  return run_ranks(flux, request, grid, options, outputs, World::get(), transport);
 }
 
 }  // namespace dp::runtime

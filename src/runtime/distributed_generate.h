@@ -11,6 +11,7 @@
 
 #include "pipeline/denoise_loop.h"
 #include "pipeline/flux_pipeline.h"
+#include "runtime/checkpointing.h"
 
 namespace dp::runtime {
 
@@ -27,6 +28,13 @@ struct RuntimeOptions {
   std::string transport = "auto";
   // --report: each rank writes its figures as JSON here (PATH.rankN.json beside it when there are N > 1 ranks).
   std::string report_path;
+  CheckpointOptions checkpoints;
+};
+
+struct GenerateOutcome {
+  // A stop signal ended the denoising: the checkpoint was written, no output was (every rank knows).
+  bool stopped = false;
+  std::string checkpoint;  // coordinator: the checkpoint written at the stop
 };
 
 struct Outputs {
@@ -39,10 +47,11 @@ struct Outputs {
   std::function<void(const pipeline::LoopProgress&)> on_step;
 };
 
-// Runs the whole request on this rank (World::init first; run it inside World::run_guarded so that a failure
+// Runs the whole request on this rank (from options.checkpoints.resume when set: its latents, step per image
+// and prompt embeddings; no text encoder runs) (World::init first; run it inside World::run_guarded so that a failure
 // on any rank ends the job everywhere). Only the coordinator calls `outputs`.
 // `grid` is the request's latent grid (FluxPipeline::resolve_image_size).
-void distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
+GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                           const pipeline::LatentGrid& grid, const RuntimeOptions& options, const Outputs& outputs);
 
 // The device this rank computes on: `requested` itself on CPU; on CUDA, GPU local_rank % visible GPUs (one

@@ -135,6 +135,14 @@ void World::agree(const std::string& what, const std::string& value, double time
   DP_FAIL("the ranks disagree on the ", what, ":", detail);
 }
 
+int World::share_from_coordinator(int value, double timeout_seconds) const {
+  if (!uses_mpi_ || size_ == 1) return value;
+  MPI_Request request;
+  check_mpi(MPI_Ibcast(&value, 1, MPI_INT, 0, MPI_COMM_WORLD, &request), "MPI_Ibcast");
+  wait_collective(request, rank_, "end-of-denoising status", timeout_seconds);
+  return value;
+}
+
 void World::run_guarded(const std::function<void()>& work) const {
   if (!uses_mpi_ || size_ == 1) {
     work();

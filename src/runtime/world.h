@@ -29,6 +29,9 @@ class World {
   // when they differ, naming each distinct value and the ranks that hold it. Waits at most timeout_seconds
   // for the others, and on rank 0 stops early when a rank reports a failure.
   void agree(const std::string& what, const std::string& value, double timeout_seconds) const;
+  // Rank 0's `value` on every rank (a broadcast), waiting at most timeout_seconds; rank 0 stops early when a
+  // rank reports a failure.
+  int share_from_coordinator(int value, double timeout_seconds) const;
   // Runs `work`; in a world of several ranks a failure anywhere ends the job on every rank, non-zero, with
   // the coordinator's log naming the failed rank and why. In a world of one the exception propagates.
   void run_guarded(const std::function<void()>& work) const;

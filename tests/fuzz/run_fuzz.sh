@@ -3,7 +3,7 @@
 # compiled with coverage and sanitizers, LibTorch is never configured) and runs it for a fixed time over a
 # copy of the committed seed corpus.
 #
-#   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index|clip_tokenizer|t5_tokenizer|spiece]
+#   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index|clip_tokenizer|t5_tokenizer|spiece|checkpoint]
 #
 # Findings (crash, sanitizer report, leak, timeout, out-of-memory, uncaught non-dp::Error exception) land
 # in build-fuzz/artifacts/TARGET/ and make the script exit 1. Inputs the fuzzer discovers accumulate in
@@ -21,7 +21,8 @@ cxx=${CXX_FUZZ:-clang++}
 case "$target" in
   safetensors|index) dict=safetensors.dict ;;
   clip_tokenizer|t5_tokenizer|spiece) dict=$target.dict ;;
-  *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index|clip_tokenizer|t5_tokenizer|spiece)" >&2; exit 2 ;;
+  checkpoint) dict="" ;;  # binary HDF5: no useful tokens
+  *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index|clip_tokenizer|t5_tokenizer|spiece|checkpoint)" >&2; exit 2 ;;
 esac
 binary="$out/tests/fuzz/${target}_fuzz"
 seeds="$root/tests/fuzz/corpus/$target"
@@ -45,8 +46,10 @@ echo "run_fuzz.sh: fuzzing $target for ${seconds}s (log: $log)" >&2
 set +e
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+dict_option=()
+[[ -n "$dict" ]] && dict_option=(-dict="$root/tests/fuzz/$dict")
 "$binary" "$work" \
-  -max_total_time="$seconds" -max_len=65536 -dict="$root/tests/fuzz/$dict" \
+  -max_total_time="$seconds" -max_len=65536 "${dict_option[@]}" \
   -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$artifacts/" >"$log" 2>&1
 status=$?

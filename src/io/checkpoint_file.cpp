@@ -1,0 +1,301 @@
+#include "io/checkpoint_file.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/hdf5_records.h"
+
+namespace dp::io {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace hdf5;
+
+constexpr int kMaxImages = 4096;
+constexpr int kMaxSteps = 100000;
+
+// The scalar attributes, by name, as the file stores them (numbers as doubles, the rest as text).
+struct Attributes {
+  std::map<std::string, double> numbers;
+  std::map<std::string, std::string> texts;
+};
+
+Attributes attributes_of(const Checkpoint& c) {
+  Attributes a;
+  a.texts["format"] = kCheckpointFormatName;
+  a.numbers["format_version"] = c.format_version;
+  a.numbers["height"] = static_cast<double>(c.run.height);
+  a.numbers["width"] = static_cast<double>(c.run.width);
+  a.numbers["steps"] = c.run.steps;
+  a.numbers["guidance"] = c.run.guidance;
+  a.texts["seed"] = std::to_string(c.run.seed);
+  a.texts["dtype"] = c.run.dtype;
+  a.numbers["num_images_per_prompt"] = c.run.num_images_per_prompt;
+  a.numbers["max_sequence_length"] = c.run.max_sequence_length;
+  a.numbers["microbatch_size"] = static_cast<double>(c.run.microbatch_size);
+  a.numbers["world_size"] = c.world_size;
+  a.texts["model"] = c.model_dir;
+  a.texts["model_fingerprint"] = c.model_fingerprint;
+  a.texts["device_map"] = c.device_map;
+  a.texts["written_by"] = c.written_by;
+  return a;
+}
+
+std::string content_digest(const Checkpoint& c) {
+  Digest d;
+  const Attributes a = attributes_of(c);
+  for (const auto& [name, value] : a.numbers) d.add(name + "=" + format_double(value));
+  for (const auto& [name, value] : a.texts) d.add(name + "=" + value);
+  for (const auto& p : c.run.prompts) d.add(p);
+  d.add(c.image_steps.data(), c.image_steps.size() * sizeof(int32_t));
+  d.add(c.sigmas.data(), c.sigmas.size() * sizeof(float));
+  d.add(c.timesteps.data(), c.timesteps.size() * sizeof(float));
+  for (const RawTensor* t : {&c.latents, &c.prompt_embeds, &c.pooled}) {
+    d.add(t->dtype + shape_text(t->shape));
+    d.add(t->data, t->nbytes);
+  }
+  return d.hex();
+}
+
+int step_in_name(const std::string& name) {
+  // checkpoint-stepNNNNNN.h5
+  static const std::string prefix = "checkpoint-step";
+  if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + 3 || name.substr(name.size() - 3) != ".h5")
+    return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(digits);
+}
+
+}  // namespace
+
+int64_t RawTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+RawTensor RawTensor::owning(std::string dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
+  auto holder = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  RawTensor t;
+  t.dtype = std::move(dtype);
+  t.shape = std::move(shape);
+  t.data = holder->data();
+  t.nbytes = holder->size();
+  t.owner = holder;
+  return t;
+}
+
+size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "fp32") return 4;
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  DP_FAIL("unknown checkpoint tensor dtype '", dtype, "' (expected fp32, bf16 or fp16)");
+}
+
+int Checkpoint::steps_done() const {
+  return image_steps.empty() ? 0 : *std::min_element(image_steps.begin(), image_steps.end());
+}
+
+void write_checkpoint(const std::string& path, const Checkpoint& c) {
+  hdf5::silence_errors();
+  const int64_t images = static_cast<int64_t>(c.image_steps.size());
+  DP_CHECK(images >= 1 && c.latents.shape.size() == 3 && c.latents.shape[0] == images, path,
+           ": latents ", shape_text(c.latents.shape), " do not match ", images, " image step indices");
+  DP_CHECK(!c.run.prompts.empty(), path, ": a checkpoint needs the prompts");
+  AtomicFile output(path);
+  const std::string& tmp = output.temp_path();
+  {
+    Handle h5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    DP_CHECK(h5.ok(), tmp, ": cannot create HDF5 file");
+    write_tensor(h5.get(), "latents", c.latents, tmp);
+    write_dataset(h5.get(), "image_steps", H5T_STD_I32LE, H5T_NATIVE_INT32, {images}, c.image_steps.data(), tmp);
+    write_dataset(h5.get(), "sigmas", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {static_cast<int64_t>(c.sigmas.size())},
+                  c.sigmas.data(), tmp);
+    write_dataset(h5.get(), "timesteps", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                  {static_cast<int64_t>(c.timesteps.size())}, c.timesteps.data(), tmp);
+    {
+      size_t longest = 1;
+      for (const auto& p : c.run.prompts) longest = std::max(longest, p.size());
+      std::string packed(c.run.prompts.size() * longest, '\0');
+      for (size_t i = 0; i < c.run.prompts.size(); ++i)
+        std::memcpy(&packed[i * longest], c.run.prompts[i].data(), c.run.prompts[i].size());
+      Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(type.get(), longest);
+      H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+      H5Tset_cset(type.get(), H5T_CSET_UTF8);
+      write_dataset(h5.get(), "prompts", type.get(), type.get(), {static_cast<int64_t>(c.run.prompts.size())},
+                    packed.data(), tmp);
+    }
+    write_tensor(h5.get(), "prompt_embeds", c.prompt_embeds, tmp);
+    write_tensor(h5.get(), "pooled_prompt_embeds", c.pooled, tmp);
+    const Attributes a = attributes_of(c);
+    for (const auto& [name, value] : a.numbers) write_number(h5.get(), name, value, tmp);
+    for (const auto& [name, value] : a.texts) write_text(h5.get(), name, value, tmp);
+    write_text(h5.get(), "content_digest", content_digest(c), tmp);
+    DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, tmp, ": flush failed");
+  }
+  output.commit();
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  hdf5::silence_errors();
+  DP_CHECK(fs::is_regular_file(path), path, ": no such checkpoint file");
+  DP_CHECK(H5Fis_hdf5(path.c_str()) > 0, path, ": not an HDF5 file (truncated or damaged checkpoint?)");
+  Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  DP_CHECK(h5.ok(), path, ": cannot open the HDF5 file (truncated or damaged checkpoint?)");
+  const Reader r{path, h5.get()};
+  DP_CHECK(H5Aexists(h5.get(), "format") > 0 && r.text("format") == kCheckpointFormatName, path,
+           ": not a diffpipe checkpoint (no format attribute '", kCheckpointFormatName, "')");
+  Checkpoint c;
+  c.format_version = static_cast<int>(r.integer("format_version", 1, 1 << 20));
+  DP_CHECK(c.format_version <= kCheckpointFormatVersion, path, ": checkpoint format version ", c.format_version,
+           " was written by a newer diffpipe; this build reads format version ", kCheckpointFormatVersion,
+           " and older");
+  c.run.height = r.integer("height", 1, kMaxDimension);
+  c.run.width = r.integer("width", 1, kMaxDimension);
+  c.run.steps = static_cast<int>(r.integer("steps", 1, kMaxSteps));
+  c.run.guidance = r.number("guidance");
+  {
+    const std::string seed = r.text("seed");
+    DP_CHECK(!seed.empty() && seed.size() <= 20 && seed.find_first_not_of("0123456789") == std::string::npos, path,
+             ": attribute 'seed' is '", seed, "', expected a decimal integer");
+    errno = 0;
+    c.run.seed = std::strtoull(seed.c_str(), nullptr, 10);
+    DP_CHECK(errno == 0, path, ": attribute 'seed' ", seed, " is out of range");
+  }
+  c.run.dtype = r.text("dtype");
+  dtype_bytes(c.run.dtype);
+  c.run.num_images_per_prompt = static_cast<int>(r.integer("num_images_per_prompt", 1, kMaxImages));
+  c.run.max_sequence_length = static_cast<int>(r.integer("max_sequence_length", 1, 1 << 16));
+  c.run.microbatch_size = r.integer("microbatch_size", 1, kMaxImages);
+  c.world_size = static_cast<int>(r.integer("world_size", 1, 1 << 20));
+  c.model_dir = r.text("model");
+  c.model_fingerprint = r.text("model_fingerprint");
+  c.device_map = r.text("device_map");
+  c.written_by = r.text("written_by");
+  c.run.prompts = r.strings("prompts");
+  const int64_t prompts = static_cast<int64_t>(c.run.prompts.size());
+  DP_CHECK(prompts * c.run.num_images_per_prompt <= kMaxImages, path, ": ", prompts, " prompts x ",
+           c.run.num_images_per_prompt, " images is implausibly many");
+  const int64_t images = prompts * c.run.num_images_per_prompt;
+
+  std::vector<int64_t> shape;
+  c.image_steps = as_vector<int32_t>(r.read("image_steps", 1, H5T_INTEGER, 4, H5T_NATIVE_INT32, shape));
+  DP_CHECK(shape[0] == images, path, ": 'image_steps' has ", shape[0], " entries for ", images, " images");
+  for (size_t i = 0; i < c.image_steps.size(); ++i)
+    DP_CHECK(c.image_steps[i] >= 0 && c.image_steps[i] <= c.run.steps, path, ": image ", i, " is at step ",
+             c.image_steps[i], " of ", c.run.steps);
+  c.sigmas = as_vector<float>(r.read("sigmas", 1, H5T_FLOAT, 4, H5T_NATIVE_FLOAT, shape));
+  DP_CHECK(shape[0] == c.run.steps + 1, path, ": 'sigmas' has ", shape[0], " values for ", c.run.steps, " steps");
+  c.timesteps = as_vector<float>(r.read("timesteps", 1, H5T_FLOAT, 4, H5T_NATIVE_FLOAT, shape));
+  DP_CHECK(shape[0] == c.run.steps, path, ": 'timesteps' has ", shape[0], " values for ", c.run.steps, " steps");
+
+  c.latents = r.tensor("latents", 3);
+  c.prompt_embeds = r.tensor("prompt_embeds", 3);
+  c.pooled = r.tensor("pooled_prompt_embeds", 2);
+  for (const auto* t : {&c.latents, &c.prompt_embeds, &c.pooled}) {
+    DP_CHECK(t->dtype == c.run.dtype, path, ": a tensor is stored as ", t->dtype, " in a ", c.run.dtype, " run");
+    DP_CHECK(t->shape[0] == images, path, ": a tensor ", shape_text(t->shape), " has ", t->shape[0], " rows for ",
+             images, " images");
+  }
+  DP_CHECK(c.prompt_embeds.shape[1] == c.run.max_sequence_length, path, ": 'prompt_embeds' ",
+           shape_text(c.prompt_embeds.shape), " does not have max_sequence_length ", c.run.max_sequence_length,
+           " tokens");
+  const std::string stored_digest = r.text("content_digest");
+  const std::string actual_digest = content_digest(c);
+  DP_CHECK(stored_digest == actual_digest, path, ": content digest mismatch (stored ", stored_digest, ", contents give ",
+           actual_digest, "): the checkpoint is damaged");
+  return c;
+}
+
+std::string checkpoint_file_name(int steps_done) {
+  char name[40];
+  std::snprintf(name, sizeof name, "checkpoint-step%06d.h5", steps_done);
+  return name;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  DP_CHECK(fs::is_directory(dir), dir, ": no such checkpoint directory");
+  std::vector<std::pair<int, std::string>> found;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const int step = step_in_name(entry.path().filename().string());
+    if (step >= 0 && entry.is_regular_file()) found.emplace_back(step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+std::string newest_valid_checkpoint(const std::string& dir) {
+  const auto paths = list_checkpoints(dir);
+  std::string reasons;
+  for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
+    try {
+      read_checkpoint(*it);
+      return *it;
+    } catch (const Error& e) {
+      DP_WARN("--resume: skipping ", *it, ": ", e.what());
+      reasons += str("\n  ", e.what());
+    }
+  }
+  DP_FAIL(dir, ": no valid checkpoint (", paths.size(), " checkpoint-step*.h5 file(s))", reasons);
+}
+
+void prune_checkpoints(const std::string& dir, int keep) {
+  DP_CHECK(keep >= 1, "--keep-checkpoints must be at least 1, got ", keep);
+  std::vector<std::string> remove;
+  const auto paths = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < paths.size(); ++i) remove.push_back(paths[i]);
+  // Temporaries of writers killed before their rename (SIGKILL, a lost node): never resumed from, only space.
+  // The writer of this job has committed by now; two jobs must not share a checkpoint directory.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".checkpoint-step", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
+      remove.push_back(entry.path().string());
+  }
+  for (const auto& path : remove) {
+    std::error_code ec;
+    fs::remove(path, ec);
+    if (ec) DP_WARN(path, ": cannot remove an old checkpoint (", ec.message(), ")");
+  }
+}
+
+std::vector<RunComparison> compare_runs(const CheckpointRun& checkpoint, const CheckpointRun& run,
+                                        const std::vector<std::string>& given) {
+  const auto is_given = [&](const std::string& field) {
+    return std::find(given.begin(), given.end(), field) != given.end();
+  };
+  std::vector<RunComparison> out;
+  const auto compare = [&](const std::string& field, const std::string& a, const std::string& b) {
+    if (is_given(field) && a != b) out.push_back({field, a, b});
+  };
+  const auto prompts_text = [](const std::vector<std::string>& prompts) {
+    std::string text;
+    for (const auto& p : prompts) text += (text.empty() ? "\"" : ", \"") + p + "\"";
+    return text;
+  };
+  compare("prompts", prompts_text(checkpoint.prompts), prompts_text(run.prompts));
+  compare("num-images-per-prompt", std::to_string(checkpoint.num_images_per_prompt),
+          std::to_string(run.num_images_per_prompt));
+  compare("height", std::to_string(checkpoint.height), std::to_string(run.height));
+  compare("width", std::to_string(checkpoint.width), std::to_string(run.width));
+  compare("steps", std::to_string(checkpoint.steps), std::to_string(run.steps));
+  compare("guidance", format_double(checkpoint.guidance), format_double(run.guidance));
+  compare("seed", std::to_string(checkpoint.seed), std::to_string(run.seed));
+  compare("max-sequence-length", std::to_string(checkpoint.max_sequence_length),
+          std::to_string(run.max_sequence_length));
+  compare("dtype", checkpoint.dtype, run.dtype);
+  compare("microbatch-size", std::to_string(checkpoint.microbatch_size), std::to_string(run.microbatch_size));
+  return out;
+}
+
+}  // namespace dp::io

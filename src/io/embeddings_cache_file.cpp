@@ -1,0 +1,114 @@
+#include "io/embeddings_cache_file.h"
+
+#include <filesystem>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/hdf5_records.h"
+
+namespace dp::io {
+namespace {
+
+using namespace hdf5;
+
+std::string entry_digest(const CachedEmbedding& e) {
+  Digest d;
+  d.add(e.prompt);
+  d.add(std::to_string(e.max_sequence_length) + " " + e.dtype + " " + e.encoder_fingerprint);
+  for (const RawTensor* t : {&e.prompt_embeds, &e.pooled}) {
+    d.add(t->dtype + shape_text(t->shape));
+    d.add(t->data, t->nbytes);
+  }
+  return d.hex();
+}
+
+CachedEmbedding read_entry(hid_t file, const std::string& key, const std::string& path) {
+  Handle group(H5Gopen2(file, ("entries/" + key).c_str(), H5P_DEFAULT), H5Gclose);
+  DP_CHECK(group.ok(), path, ": cannot open entry ", key);
+  const Reader r{path + ":/entries/" + key, group.get()};
+  CachedEmbedding e;
+  e.prompt = r.text("prompt");
+  e.max_sequence_length = static_cast<int>(r.integer("max_sequence_length", 1, 1 << 16));
+  e.dtype = r.text("dtype");
+  e.encoder_fingerprint = r.text("encoder_fingerprint");
+  e.prompt_embeds = r.tensor("prompt_embeds", 3);
+  e.pooled = r.tensor("pooled_prompt_embeds", 2);
+  DP_CHECK(e.prompt_embeds.shape[0] == 1 && e.pooled.shape[0] == 1 &&
+               e.prompt_embeds.shape[1] == e.max_sequence_length && e.prompt_embeds.dtype == e.dtype &&
+               e.pooled.dtype == e.dtype,
+           r.path, ": shapes or dtypes do not match the entry's attributes");
+  DP_CHECK(r.text("content_digest") == entry_digest(e), r.path, ": content digest mismatch (damaged entry)");
+  DP_CHECK(embedding_cache_key(e.prompt, e.max_sequence_length, e.dtype, e.encoder_fingerprint) == key, r.path,
+           ": the entry's key does not match its attributes");
+  return e;
+}
+
+}  // namespace
+
+std::string embedding_cache_key(const std::string& prompt, int max_sequence_length, const std::string& dtype,
+                                const std::string& encoder_fingerprint) {
+  Digest d;
+  d.add(prompt);
+  d.add(std::to_string(max_sequence_length));
+  d.add(dtype);
+  d.add(encoder_fingerprint);
+  return d.hex();
+}
+
+std::map<std::string, CachedEmbedding> read_embeddings_cache(const std::string& path) {
+  silence_errors();
+  std::map<std::string, CachedEmbedding> entries;
+  if (!std::filesystem::exists(path)) return entries;
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    DP_WARN(path, ": --embeddings-cache is not an HDF5 file; it will be rewritten");
+    return entries;
+  }
+  Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!h5.ok() || H5Lexists(h5.get(), "entries", H5P_DEFAULT) <= 0) {
+    DP_WARN(path, ": --embeddings-cache cannot be read as a cache; it will be rewritten");
+    return entries;
+  }
+  Handle group(H5Gopen2(h5.get(), "entries", H5P_DEFAULT), H5Gclose);
+  H5G_info_t info{};
+  if (!group.ok() || H5Gget_info(group.get(), &info) < 0) return entries;
+  for (hsize_t i = 0; i < info.nlinks && i < 100000; ++i) {
+    char name[64] = {};
+    const ssize_t length = H5Lget_name_by_idx(group.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name,
+                                              H5P_DEFAULT);
+    if (length <= 0 || length >= static_cast<ssize_t>(sizeof name)) continue;
+    try {
+      entries[name] = read_entry(h5.get(), name, path);
+    } catch (const Error& e) {
+      DP_WARN("--embeddings-cache: skipping an entry: ", e.what());
+    }
+  }
+  return entries;
+}
+
+void write_embeddings_cache(const std::string& path, const std::map<std::string, CachedEmbedding>& entries) {
+  silence_errors();
+  AtomicFile output(path);
+  const std::string& tmp = output.temp_path();
+  {
+    Handle h5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    DP_CHECK(h5.ok(), tmp, ": cannot create HDF5 file");
+    Handle top(H5Gcreate2(h5.get(), "entries", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    DP_CHECK(top.ok(), tmp, ": cannot create group 'entries'");
+    for (const auto& [key, e] : entries) {
+      Handle group(H5Gcreate2(top.get(), key.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      DP_CHECK(group.ok(), tmp, ": cannot create entry ", key);
+      write_tensor(group.get(), "prompt_embeds", e.prompt_embeds, tmp);
+      write_tensor(group.get(), "pooled_prompt_embeds", e.pooled, tmp);
+      write_text(group.get(), "prompt", e.prompt, tmp);
+      write_number(group.get(), "max_sequence_length", e.max_sequence_length, tmp);
+      write_text(group.get(), "dtype", e.dtype, tmp);
+      write_text(group.get(), "encoder_fingerprint", e.encoder_fingerprint, tmp);
+      write_text(group.get(), "content_digest", entry_digest(e), tmp);
+    }
+    DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, tmp, ": flush failed");
+  }
+  output.commit();
+}
+
+}  // namespace dp::io

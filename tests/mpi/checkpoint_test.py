@@ -1,0 +1,332 @@
+"""Checkpoints and --resume of `diffpipe generate`, on 1 rank (no launcher) or N ranks under mpirun (CPU, fp32).
+
+    checkpoint_test.py CASE [--ranks N] [--at first|middle|last]
+
+Cases:
+  signal          the run holds at step k (DIFFPIPE_TEST_HOLD_AT_STEP, a test hook that waits for a signal), gets
+                  SIGUSR1 (from mpirun with N ranks, to the process with 1), must exit 75 having written a
+                  checkpoint of step k; --resume DIR then gives final latents bit-identical to an uninterrupted run.
+  signal-rank0    as signal, with SIGUSR1 sent to rank 0's process only (N ranks).
+  sigterm         as signal with SIGTERM (1 rank).
+  killed          --checkpoint-every 1; at step k a rank is killed with SIGKILL; the job ends non-zero, and
+                  --resume DIR (its newest checkpoint, step k) gives the bit-identical result.
+  world-size      a checkpoint written on N ranks resumes on 1 rank and on 2 ranks to the same latents.
+  refused         corrupt, truncated, newer-format and mismatched (--steps, --height, another model) checkpoints
+                  are refused with messages that name the difference; options not given come from the checkpoint.
+  layout          h5py reads a checkpoint without diffpipe and finds the layout README.md documents; h5dump too;
+                  `diffpipe inspect --checkpoint` prints it.
+  embeddings      --embeddings-cache: a cold run and a warm run give latents bit-identical to a run without it,
+                  and the warm run does not run CLIP or T5.
+
+Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
+import argparse
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, rank_pids, run  # noqa: E402
+
+STEPS = 4
+EXIT_STOPPED = 75
+STEP_OF = {"first": 1, "middle": 2, "last": STEPS}
+
+
+def launcher(ranks):
+    return mpirun(ranks) if ranks > 1 else []
+
+
+def args_for(model, out, extra=()):
+    return generate_args(model, out, ["--steps", str(STEPS)] + list(extra))
+
+
+def reference(binary, model, tmp):
+    out = tmp / "reference.h5"
+    if not out.exists():
+        code, output, _ = run([binary] + args_for(model, out))
+        if code != 0:
+            fail(f"the uninterrupted run exited {code}:\n{output}")
+    return latents(out)
+
+
+def run_until_held(command, env, on_hold, what):
+    """Starts `command`, waits for the hold hook's line, calls on_hold(process), returns (code, output)."""
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    output, held = [], False
+    deadline = time.monotonic() + 300
+    for line in job.stdout:
+        output.append(line)
+        if not held and "test hook: holding at step" in line:
+            held = True
+            on_hold(job)
+        if time.monotonic() > deadline:
+            job.kill()
+            fail(f"{what}: no end within 300 s:\n{''.join(output)}")
+    code = job.wait(timeout=120)
+    if not held:
+        fail(f"{what}: the run never reached the hold (exit {code}):\n{''.join(output)}")
+    return code, "".join(output)
+
+
+def resume_and_compare(binary, model, tmp, resume_from, ranks, expected, what, extra=()):
+    out = tmp / f"resumed-{what.replace(' ', '-')}.h5"
+    # Only --model, --resume and --out: every other option comes from the checkpoint.
+    command = launcher(ranks) + [binary, "generate", "--model", str(model), "--resume", str(resume_from),
+                                 "--output-type", "latent", "--out", str(out)] + list(extra)
+    code, output, _ = run(command)
+    if code != 0:
+        fail(f"{what}: --resume exited {code}:\n{output}")
+    if "no text encoder runs" not in output:
+        fail(f"{what}: the resume did not say it skipped the text encoders:\n{output}")
+    got = latents(out)
+    if got.shape != expected.shape or not np.array_equal(got, expected):
+        diff = np.abs(got - expected).max() if got.shape == expected.shape else got.shape
+        fail(f"{what}: resumed latents differ from the uninterrupted run: {diff}")
+    print(f"{what}: resumed on {ranks} rank(s), bit-identical to the uninterrupted run")
+
+
+def stop_by_signal(binary, model, tmp, ranks, k, sig, target):
+    expected = reference(binary, model, tmp)
+    ckdir = tmp / f"ck-{sig}-{target}-{k}"
+    out = tmp / "stopped.h5"
+    env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP=str(k))
+    command = launcher(ranks) + [binary] + args_for(model, out, ["--checkpoint-dir", str(ckdir)])
+
+    def send(job):
+        if target == "rank0" and ranks > 1:
+            pids = rank_pids(0, str(ckdir))
+            if not pids:
+                job.kill()
+                fail("could not find rank 0's process")
+            for pid in pids:
+                os.kill(pid, sig)
+        else:
+            job.send_signal(sig)  # mpirun forwards it to every rank
+
+    what = f"{signal.Signals(sig).name} to {target} at step {k} of {STEPS} on {ranks} rank(s)"
+    code, output = run_until_held(command, env, send, what)
+    if code != EXIT_STOPPED:
+        fail(f"{what}: exit {code}, expected {EXIT_STOPPED}:\n{output}")
+    if out.exists():
+        fail(f"{what}: a stopped run wrote its output")
+    names = sorted(p.name for p in ckdir.glob("checkpoint-step*.h5"))
+    if f"checkpoint-step{k:06d}.h5" not in names:
+        fail(f"{what}: no checkpoint of step {k} (found {names}):\n{output}")
+    with h5py.File(ckdir / f"checkpoint-step{k:06d}.h5", "r") as f:
+        steps = np.asarray(f["image_steps"])
+        if steps.min() != k:
+            fail(f"{what}: the checkpoint's slowest image is at step {steps.min()}, expected {k}")
+    print(f"{what}: exit {EXIT_STOPPED}, checkpoint at steps {steps.tolist()}")
+    resume_and_compare(binary, model, tmp, ckdir, ranks, expected, what)
+    return ckdir, expected
+
+
+def case_signal(binary, model, tmp, ranks, at):
+    stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "launcher")
+
+
+def case_signal_rank0(binary, model, tmp, ranks, at):
+    stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "rank0")
+
+
+def case_sigterm(binary, model, tmp, ranks, at):
+    stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGTERM, "launcher")
+
+
+def case_killed(binary, model, tmp, ranks, at):
+    k = STEP_OF[at]
+    expected = reference(binary, model, tmp)
+    ckdir = tmp / "ck-killed"
+    env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP=str(k))
+    victim = ranks - 1
+    command = launcher(ranks) + [binary] + args_for(model, tmp / "killed.h5", [
+        "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1", "--keep-checkpoints", "2",
+        "--transport-timeout", "20"])
+
+    def kill(job):
+        if ranks == 1:
+            job.send_signal(signal.SIGKILL)
+            return
+        pids = rank_pids(victim, str(ckdir))
+        if not pids:
+            job.kill()
+            fail(f"could not find rank {victim}'s process")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+    what = f"rank {victim} killed at step {k} of {STEPS} on {ranks} rank(s)"
+    code, output = run_until_held(command, env, kill, what)
+    if code in (0, EXIT_STOPPED):
+        fail(f"{what}: exit {code}:\n{output}")
+    names = sorted(p.name for p in ckdir.glob("checkpoint-step*.h5"))
+    # --checkpoint-every 1 wrote steps 1..k (the last step is not checkpointed: the run finishes it), kept 2.
+    # mpirun ends the other ranks of a job that lost one with SIGTERM, on which rank 0 checkpoints the state it
+    # holds (step k) if it can: the newest is then step k itself.
+    newest = {f"checkpoint-step{min(k, STEPS - 1):06d}.h5", f"checkpoint-step{k:06d}.h5"}
+    if not names or names[-1] not in newest or len(names) > 2:
+        fail(f"{what}: checkpoints {names}, expected the newest two, the newest one of {sorted(newest)}:\n{output}")
+    print(f"{what}: exit {code}; checkpoints left {names}")
+    resume_and_compare(binary, model, tmp, ckdir, ranks, expected, what)
+
+
+def case_world_size(binary, model, tmp, ranks, at):
+    ckdir, expected = stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "launcher")
+    for other in (1, 2):
+        if other != ranks:
+            resume_and_compare(binary, model, tmp, ckdir, other, expected,
+                               f"checkpoint of {ranks} ranks resumed on {other}")
+
+
+def expect_refused(binary, command, what, must_contain):
+    code, output, _ = run([binary] + command)
+    if code == 0 or code == EXIT_STOPPED:
+        fail(f"{what}: exited {code}:\n{output}")
+    for text in must_contain:
+        if text not in output:
+            fail(f"{what}: the message does not contain '{text}':\n{output}")
+    print(f"{what}: refused (exit {code}), names {must_contain}")
+
+
+def one_checkpoint(binary, model, tmp, k=2):
+    ckdir = tmp / "ck-one"
+    if not ckdir.exists():
+        code, output, _ = run([binary] + args_for(model, tmp / "one.h5", [
+            "--checkpoint-dir", str(ckdir), "--checkpoint-every", str(k), "--keep-checkpoints", "1"]))
+        if code != 0:
+            fail(f"a run with --checkpoint-every {k} exited {code}:\n{output}")
+    return ckdir / f"checkpoint-step{k:06d}.h5"
+
+
+def case_refused(binary, model, tmp, ranks, at):
+    good = one_checkpoint(binary, model, tmp)
+    resume = ["generate", "--model", str(model), "--output-type", "latent", "--out", str(tmp / "r.h5"), "--resume"]
+    data = good.read_bytes()
+    truncated = tmp / "truncated.h5"
+    truncated.write_bytes(data[: len(data) // 2])
+    expect_refused(binary, resume + [str(truncated)], "a truncated checkpoint", ["truncated.h5", "--resume"])
+    corrupt = tmp / "corrupt.h5"
+    shutil.copy(good, corrupt)
+    with h5py.File(corrupt, "r") as f:
+        offset = f["latents"].id.get_offset()
+    blob = bytearray(corrupt.read_bytes())
+    blob[offset + 100] ^= 0x10
+    corrupt.write_bytes(bytes(blob))
+    expect_refused(binary, resume + [str(corrupt)], "a corrupt checkpoint", ["corrupt.h5", "content digest mismatch"])
+    newer = tmp / "newer.h5"
+    shutil.copy(good, newer)
+    with h5py.File(newer, "r+") as f:
+        f.attrs["format_version"] = 99.0
+    expect_refused(binary, resume + [str(newer)], "a checkpoint of a newer format",
+                   ["format version 99", "newer diffpipe"])
+    expect_refused(binary, resume + [str(good), "--steps", "5"], "--steps other than the checkpoint's",
+                   ["--steps: checkpoint 4, this run 5"])
+    expect_refused(binary, resume + [str(good), "--height", "128"], "--height other than the checkpoint's",
+                   ["--height: checkpoint 64, this run 128"])
+    expect_refused(binary, resume + [str(good), "--prompt", "another prompt"], "other prompts",
+                   ["--prompts: checkpoint"])
+    other = tmp / "other-model"
+    code, output, _ = run([binary, "make-tiny", "--out", str(other), "--dtype", "fp16"])
+    if code != 0:
+        fail(f"make-tiny --dtype fp16 exited {code}:\n{output}")
+    expect_refused(binary, ["generate", "--model", str(other), "--output-type", "latent", "--out",
+                            str(tmp / "r.h5"), "--resume", str(good)], "another model",
+                   ["was written for another model", "transformer fingerprint"])
+    empty = tmp / "empty-dir"
+    empty.mkdir()
+    expect_refused(binary, resume + [str(empty)], "a directory without checkpoints", ["no valid checkpoint"])
+    # The options given that match are fine, and the ones left out come from the checkpoint.
+    expected = reference(binary, model, tmp)
+    resume_and_compare(binary, model, tmp, good, 1, expected, "resume giving matching --steps and --seed",
+                       ["--steps", str(STEPS), "--seed", "7"])
+
+
+def case_layout(binary, model, tmp, ranks, at):
+    path = one_checkpoint(binary, model, tmp)
+    with h5py.File(path, "r") as f:
+        datasets = {name: f[name] for name in f}
+        expected = {"latents", "image_steps", "sigmas", "timesteps", "prompts", "prompt_embeds", "pooled_prompt_embeds"}
+        if set(datasets) != expected:
+            fail(f"datasets {sorted(datasets)}, documented {sorted(expected)}")
+        images = len(PROMPTS) * 2
+        checks = [
+            (f["latents"].shape[0] == images and f["latents"].ndim == 3, "latents (B, seq, C)"),
+            (f["latents"].dtype == np.float32 and f["latents"].attrs["dtype"] == b"fp32", "latents fp32 in an fp32 run"),
+            (list(f["image_steps"][...]) == [2] * images, "image_steps all 2"),
+            (f["sigmas"].shape == (STEPS + 1,) and f["timesteps"].shape == (STEPS,), "the schedule's lengths"),
+            ([p.decode() for p in f["prompts"][...]] == PROMPTS, "the prompts"),
+            (f["prompt_embeds"].shape[:2] == (images, 32), "prompt_embeds (B, max_sequence_length, D)"),
+            (f["pooled_prompt_embeds"].shape[0] == images, "pooled_prompt_embeds (B, D)"),
+            (f.attrs["format"] == b"diffpipe-checkpoint" and f.attrs["format_version"] == 1, "format and version"),
+            (f.attrs["steps"] == STEPS and f.attrs["height"] == 64 and f.attrs["width"] == 96, "steps, height, width"),
+            (f.attrs["seed"] == b"7" and f.attrs["dtype"] == b"fp32" and f.attrs["guidance"] == 3.5, "seed, dtype, guidance"),
+            (f.attrs["world_size"] == 1 and len(f.attrs["model_fingerprint"]) > 0, "world size and model fingerprint"),
+            (len(f.attrs["device_map"]) > 0 and len(f.attrs["content_digest"]) == 16, "device map and digest"),
+        ]
+        for ok, what in checks:
+            if not ok:
+                fail(f"h5py: {what} not as documented")
+    print(f"h5py: {path.name} has the documented layout")
+    code, output, _ = run(["h5dump", "-H", str(path)])
+    if code != 0 or 'DATASET "latents"' not in output:
+        fail(f"h5dump -H exited {code}:\n{output[:2000]}")
+    code, output, _ = run([binary, "inspect", "--checkpoint", str(path)])
+    for text in ["2/4 steps done", PROMPTS[0], "steps done per image: 2 2", "--seed 7", "fingerprint"]:
+        if code != 0 or text not in output:
+            fail(f"inspect --checkpoint (exit {code}) does not print '{text}':\n{output}")
+    print("h5dump and `diffpipe inspect --checkpoint` read it")
+
+
+def case_embeddings(binary, model, tmp, ranks, at):
+    expected = reference(binary, model, tmp)
+    cache = tmp / "embeddings.h5"
+    # "T5 forward" is the encode stage's own log line: the cold run must have it, the warm one must not.
+    for run_name, must, must_not in (("cold", "T5 forward", "CLIP and T5 not run"),
+                                     ("warm", "CLIP and T5 not run", "T5 forward")):
+        out = tmp / f"{run_name}.h5"
+        code, output, _ = run(launcher(ranks) + [binary] + args_for(model, out, ["--embeddings-cache", str(cache)]))
+        if code != 0:
+            fail(f"{run_name} cache run exited {code}:\n{output}")
+        if must not in output or must_not in output:
+            fail(f"{run_name} cache run: expected '{must}' and not '{must_not}' in the log:\n{output}")
+        got = latents(out)
+        if not np.array_equal(got, expected):
+            fail(f"{run_name} cache run: latents differ from the run without a cache")
+        print(f"embeddings cache, {run_name}: '{must}', latents bit-identical")
+
+
+CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "sigterm": case_sigterm, "killed": case_killed,
+         "world-size": case_world_size, "refused": case_refused, "layout": case_layout,
+         "embeddings": case_embeddings}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--at", choices=sorted(STEP_OF), default="middle")
+    args = parser.parse_args()
+    binary = os.environ.get("DIFFPIPE_BINARY")
+    if not binary or not os.access(binary, os.X_OK):
+        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
+    if args.ranks > 1 and shutil.which("mpirun") is None:
+        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
+    with tempfile.TemporaryDirectory(prefix=f"diffpipe-checkpoint-{args.case}-") as tmp:
+        tmp = pathlib.Path(tmp)
+        model = tmp / "tiny"
+        code, output, _ = run([binary, "make-tiny", "--out", str(model)])
+        if code != 0:
+            fail(f"make-tiny exited {code}:\n{output}")
+        CASES[args.case](binary, model, tmp, args.ranks, args.at)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
