@@ -6,7 +6,7 @@
 #   MODEL             the diffusers FLUX folder (or give --model in GENERATE_ARGS)
 #   GENERATE_ARGS     more generate flags, word-split (they override the config's keys)
 #   OUT_DIR           outputs, checkpoints and per-rank logs (default: out/JOBID under the submit dir)
-#   CHECKPOINT_EVERY  steps between checkpoints (default 10; 0 checkpoints only when signalled)
+#   CHECKPOINT_EVERY  steps between periodic checkpoints (default 10); a signal checkpoints at the next step too
 #   DIFFPIPE_BIN      the diffpipe executable (default: build/diffpipe under the repository)
 # Exit codes: generate's; 75 (EX_TEMPFAIL) means "checkpointed on a signal": the job is requeued and the rerun
 # resumes from OUT_DIR/checkpoints.

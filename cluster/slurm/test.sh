@@ -222,7 +222,7 @@ if wait_idle 1; then
   reference "$tmp/reference-long.h5" "${long[@]}" || failed "requeue: the uninterrupted run failed"
   out=$tmp/requeue
   mkdir -p "$out"
-  job=$(OUT_DIR=$out CHECKPOINT_EVERY=0 GENERATE_ARGS="${long[*]} --out $out/latents.h5" \
+  job=$(OUT_DIR=$out CHECKPOINT_EVERY=100 GENERATE_ARGS="${long[*]} --out $out/latents.h5" \
         sbatch --parsable -n 2 -c 1 -o "$out/job.log" "$here/cluster/slurm/generate.sbatch")
   for _ in $(seq 1 600); do grep -q "step 5/$steps" "$out/logs/run0/rank0.log" 2>/dev/null && break; sleep 0.1; done
   scancel --signal=USR1 --batch "$job"
