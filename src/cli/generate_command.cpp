@@ -32,6 +32,8 @@ namespace dp::cli {
 namespace {
 
 struct GenerateOptions {
+  std::string config;  // --config FILE: its keys are already flags here (run_config.h); kept for messages
+  int ranks = 0;       // the world size the run needs; 0: any
   std::string model, prompts_file, report_json, output_type = "png", device = "cpu";
   std::string out;    // default: out.png, or out.h5 for --output-type latent
   std::string dtype;  // default: fp32 on cpu, bf16 on cuda
@@ -243,6 +245,17 @@ std::string numbered_path(const std::string& path, int64_t index, int64_t count)
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + p.extension().string())).string();
 }
 
+// A config written for N GPUs (its "ranks") refuses another world size before any file is read: the
+// device map, max_memory and the expected speed were chosen for N.
+void check_world_size(const GenerateOptions& o, const runtime::World& world) {
+  DP_CHECK(o.ranks >= 0, "--ranks ", o.ranks, ": expected 0 (any) or the number of ranks the run needs");
+  if (o.ranks == 0 || o.ranks == world.size()) return;
+  const std::string source = o.config.empty() ? std::string("--ranks") : str("--config ", o.config, " (key \"ranks\")");
+  DP_FAIL(source, " needs ", o.ranks, " rank(s), but ", world.size() == 1 ? "this process runs alone" : str("the MPI world has ", world.size()),
+          ": start it with `mpirun -np ", o.ranks, "` (or launch/mpirun.sh, which reads the config), or `srun -n ",
+          o.ranks, " --mpi=pmix`; or override with --ranks N on the command line if you adapted the map");
+}
+
 void generate_on_this_rank(const GenerateOptions& given_options) {
   GenerateOptions o = given_options;
   // Everything up to the folder's checks is cheap: a bad request fails in milliseconds, before any weight is
@@ -389,6 +402,14 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   using Request = pipeline::GenerateRequest;
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = root.add_subcommand("generate", kGenerateSummary);
+  cmd->add_option("--config", o->config,
+                  "a JSON run config (configs/*.json): its keys are these flags' long names (\"steps\": 50, "
+                  "\"device-map\": \"auto\", \"prompt\": [\"a\", \"b\"]); flags on the command line override them. "
+                  "An unknown key or a value of the wrong type is an error naming the key and the file");
+  cmd->add_option("--ranks", o->ranks,
+                  "the number of ranks this run needs (a config states it); checked against the MPI world before "
+                  "anything loads (0: any)")
+      ->capture_default_str();
   cmd->add_option("--model", o->model, "diffusers FLUX pipeline folder (model_index.json and components)")->required();
   cmd->add_option("--prompt", o->prompts,
                   "one prompt (quote it when it has spaces: --prompt \"a cat on a mat\"); repeat for several")
@@ -474,7 +495,10 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       if (cmd->count(flag) > 0) o->given.push_back(field);
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
-    world.run_guarded([&] { run_reporting_torch_errors([&] { generate_on_this_rank(*o); }); });
+    world.run_guarded([&] {
+      check_world_size(*o, world);
+      run_reporting_torch_errors([&] { generate_on_this_rank(*o); });
+    });
   });
   cmd->footer(
       "Checked before any work: the output paths (writable, not a directory), the limits above, and the memory\n"

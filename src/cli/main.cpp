@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/run_config.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -42,6 +43,33 @@ std::string named_command(int argc, char** argv) {
     return arg;
   }
   return {};
+}
+
+// The position of the subcommand's name in argv, or 0 when none is named.
+int command_position(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (argv[i] == name) return i;
+  }
+  return 0;
+}
+
+// argv with a run config's settings spliced in as flags (run_config.h), reversed as CLI11's parse(vector)
+// wants it; empty when the command has no --config to expand.
+std::vector<std::string> arguments_with_run_config(const CLI::App& app, int argc, char** argv, const std::string& named) {
+  const int position = command_position(argc, argv, named);
+  if (position == 0) return {};
+  const std::vector<std::string> after(argv + position + 1, argv + argc);
+  const auto has_config = [](const std::string& a) { return a == "--config" || a.rfind("--config=", 0) == 0; };
+  if (std::none_of(after.begin(), after.end(), has_config)) return {};
+  std::vector<std::string> words(argv + 1, argv + position + 1);
+  const auto expanded = expand_run_config(*app.get_subcommand(named), after);
+  words.insert(words.end(), expanded.begin(), expanded.end());
+  std::reverse(words.begin(), words.end());
+  return words;
 }
 
 // diffpipe-torch beside this executable (build tree), or in ../libexec/diffpipe (install tree).
@@ -99,7 +127,12 @@ int main(int argc, char** argv) {
   for (auto& command : commands) command.install(app);
 
   try {
-    app.parse(argc, argv);
+    auto with_config = named.empty() ? std::vector<std::string>{} : dp::cli::arguments_with_run_config(app, argc, argv, named);
+    if (with_config.empty()) {
+      app.parse(argc, argv);
+    } else {
+      app.parse(with_config);
+    }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::bad_alloc&) {

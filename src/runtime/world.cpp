@@ -57,6 +57,15 @@ World& World::init(int* argc, char*** argv) {
   w.host_ = host;
   const int announced = launcher_world_size();
   if (announced == 0) return w;  // a plain process: a world of one, no MPI
+  // srun --mpi=none (or a SLURM whose MpiDefault is none) starts N tasks with no process-management
+  // interface: Open MPI would abort inside MPI_Init with a message that does not say why. Say it here.
+  const bool srun_step = std::getenv("SLURM_STEP_ID") != nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr;
+  const bool has_pmi = std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr ||
+                       std::getenv("PMI_FD") != nullptr;
+  DP_CHECK(!(srun_step && !has_pmi && announced > 1), "srun started ", announced,
+           " tasks without a process-management interface (no PMIx/PMI in the environment), so the ranks cannot "
+           "find each other: run srun --mpi=pmix (Debian's Open MPI has no PMI-1/PMI-2), or set MpiDefault=pmix "
+           "in slurm.conf, or start the ranks with mpirun inside the allocation");
 
   int provided = 0;
   check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");

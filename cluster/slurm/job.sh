@@ -1,0 +1,119 @@
+# The body of cluster/slurm/*.sbatch, sourced by them with LAUNCHER=srun or mpirun set: checks the job against
+# the run config, starts `diffpipe generate` on every task, forwards the preemption warning, checkpoints,
+# requeues on the checkpoint exit code and resumes. Settings come from the environment (sbatch passes the
+# submitter's):
+#   CONFIG            run config (configs/*.json); its "ranks" must equal the job's tasks
+#   MODEL             the diffusers FLUX folder (or give --model in GENERATE_ARGS)
+#   GENERATE_ARGS     more generate flags, word-split (they override the config's keys)
+#   OUT_DIR           outputs, checkpoints and per-rank logs (default: out/JOBID under the submit dir)
+#   CHECKPOINT_EVERY  steps between periodic checkpoints (default 10); a signal checkpoints at the next step too
+#   DIFFPIPE_BIN      the diffpipe executable (default: build/diffpipe under the repository)
+# Exit codes: generate's; 75 (EX_TEMPFAIL) means "checkpointed on a signal": the job is requeued and the rerun
+# resumes from OUT_DIR/checkpoints.
+
+job_log() { printf '[diffpipe job %s] %s\n' "${SLURM_JOB_ID:-?}" "$*" >&2; }
+job_fail() {
+  job_log "error: $*"
+  exit 2
+}
+
+readonly checkpointed_exit_code=75
+repo=${DIFFPIPE_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
+[ -x "$repo/launch/mpirun.sh" ] || job_fail "$repo is not a diffpipe checkout: submit from the repository root" \
+  "or set DIFFPIPE_HOME"
+bin=${DIFFPIPE_BIN:-$repo/build/diffpipe}
+[ -x "$bin" ] || job_fail "$bin is not built (bash launch/setup.sh, or set DIFFPIPE_BIN)"
+tasks=${SLURM_NTASKS:-1}
+restart=${SLURM_RESTART_COUNT:-0}
+out_dir=${OUT_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/out/${SLURM_JOB_ID:-local}}
+checkpoint_dir=$out_dir/checkpoints
+log_dir=$out_dir/logs/run$restart  # one folder per (re)run, one file per rank
+mkdir -p "$checkpoint_dir" "$log_dir" || job_fail "cannot create $out_dir"
+
+args=()
+if [ -n "${CONFIG:-}" ]; then
+  [ -f "$CONFIG" ] || job_fail "CONFIG=$CONFIG: no such file (the run configs are in $repo/configs)"
+  # The config's world size against the job's tasks, before any rank starts: a mismatch would load weights
+  # on every node and then fail.
+  config_ranks=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])).get("ranks"); print(r if isinstance(r,int) else "")' "$CONFIG") \
+    || job_fail "$CONFIG: not valid JSON"
+  if [ -n "$config_ranks" ] && [ "$config_ranks" != "$tasks" ]; then
+    job_fail "$CONFIG needs $config_ranks rank(s) (key \"ranks\") but the job has $tasks task(s): submit with" \
+             "sbatch -n $config_ranks (one task per GPU, e.g. --ntasks-per-node=4 -N $(( (config_ranks + 3) / 4 )))"
+  fi
+  args+=(--config "$CONFIG")
+fi
+[ -n "${MODEL:-}" ] && args+=(--model "$MODEL")
+# shellcheck disable=SC2206  # GENERATE_ARGS is a word list by design
+args+=(${GENERATE_ARGS:-})
+# Checkpoints (--checkpoint-dir/--checkpoint-every/--resume) came with a later build than some in use: a build
+# without them runs the job unprotected rather than failing on an unknown flag.
+if "$bin" generate --help 2>/dev/null | grep -q -- --checkpoint-dir; then
+  args+=(--checkpoint-dir "$checkpoint_dir" --checkpoint-every "${CHECKPOINT_EVERY:-10}")
+  # A rerun after a requeue continues from the newest valid checkpoint instead of step 0.
+  if [ "$restart" -gt 0 ] && [ -n "$(ls -A "$checkpoint_dir" 2>/dev/null)" ]; then
+    args+=(--resume "$checkpoint_dir")
+    job_log "rerun $restart: resuming from $checkpoint_dir"
+  fi
+else
+  job_log "warning: $bin has no --checkpoint-dir: a preemption or requeue restarts this job from step 0"
+fi
+
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+
+case "${LAUNCHER:-srun}" in
+  srun)
+    # Debian's Open MPI (and most builds) find their peers through PMIx only: without it every task would
+    # be a world of one. Fail here, in the job log, before any task starts.
+    srun --mpi=list 2>&1 | grep -q pmix || job_fail "this SLURM has no PMIx plugin (srun --mpi=list): install" \
+      "it (Debian: slurmd ships mpi_pmix) or submit cluster/slurm/generate-mpirun.sbatch, which starts ranks with mpirun"
+    launch=(srun --mpi=pmix --kill-on-bad-exit=1 --output "$log_dir/rank%t.log" --error "$log_dir/rank%t.log")
+    # GPU binding: each task sees only its own GPU(s) when the job asked for GPUs.
+    if [ -n "${SLURM_GPUS_PER_TASK:-}${SLURM_GPUS_ON_NODE:-}" ]; then launch+=(--gpus-per-task=1 --gpu-bind=single:1); fi
+    launch+=("$bin" generate)
+    ;;
+  mpirun)
+    # mpirun takes the allocation's nodes and slots from SLURM; launch/mpirun.sh checks -np against the
+    # config and the node's GPUs, and maps local rank r to GPU r.
+    launch=(env DIFFPIPE_BIN="$bin" DIFFPIPE_MPIRUN_ARGS="--output-filename $log_dir ${DIFFPIPE_MPIRUN_ARGS:-}"
+            "$repo/launch/mpirun.sh" -np "$tasks")
+    ;;
+  *) job_fail "LAUNCHER=$LAUNCHER: expected srun or mpirun" ;;
+esac
+
+# The preemption warning (--signal=B:USR1@SECONDS) and scontrol requeue/scancel (SIGTERM) reach this shell;
+# diffpipe checkpoints at its next step boundary on SIGUSR1 and exits 75. srun and mpirun forward SIGUSR1 to
+# every rank.
+launcher_pid=""
+forward_checkpoint_signal() {
+  job_log "signal received: asking the ranks to checkpoint"
+  [ -n "$launcher_pid" ] && kill -USR1 "$launcher_pid" 2>/dev/null
+}
+trap forward_checkpoint_signal USR1 TERM
+
+job_log "node(s) ${SLURM_JOB_NODELIST:-$(hostname)}, $tasks task(s), ${LAUNCHER:-srun}, logs in $log_dir"
+"${launch[@]}" "${args[@]}" &
+launcher_pid=$!
+# `wait` returns early when a trapped signal arrives: wait again until the launcher has really ended.
+code=0
+while :; do
+  wait "$launcher_pid"
+  code=$?
+  kill -0 "$launcher_pid" 2>/dev/null || break
+done
+trap - USR1 TERM
+
+if [ "$code" -eq "$checkpointed_exit_code" ]; then
+  job_log "checkpointed on a signal (exit $code): requeueing job ${SLURM_JOB_ID:-?} to resume"
+  if [ -n "${SLURM_JOB_ID:-}" ] && scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi
+  job_fail "could not requeue; resume by hand with GENERATE_ARGS=\"--resume $checkpoint_dir\""
+fi
+if [ "$code" -ne 0 ]; then
+  job_log "generate failed (exit $code); the end of each rank's log:"
+  for f in "$log_dir"/rank*.log "$log_dir"/*/rank.*/stderr; do
+    [ -f "$f" ] && { echo "== $f" >&2; tail -n 5 "$f" >&2; }
+  done
+fi
+exit "$code"
