@@ -393,6 +393,14 @@ void NcclTransport::progress() {
         // The buffers belong to the compute stream's pool; the link's stream writes them, so the allocator must
         // not hand them out again before that stream is done with them.
         const auto link_stream = c10::cuda::getStreamFromExternal(channel.stream, device_.index());
+        // The buffers may reuse memory that kernels still queued on the compute stream were using (the allocator
+        // hands a block back as soon as the host drops its tensor, ordered on the compute stream alone): the
+        // link's stream must not write into them before that work is done.
+        Event allocated(false);
+        if (allocated.event == nullptr) fail(str("rank ", rank_, ": cudaEventCreate failed"));
+        check_cuda(cudaEventRecord(allocated.event, at::cuda::getCurrentCUDAStream(device_.index()).stream()),
+                   "cudaEventRecord");
+        check_cuda(cudaStreamWaitEvent(channel.stream, allocated.event, 0), "cudaStreamWaitEvent");
         check_cuda(cudaEventRecord(in->start->event, channel.stream), "cudaEventRecord");
         check_nccl(ncclGroupStart(), &channel, "ncclGroupStart");
         for (const auto& t : targets) {
