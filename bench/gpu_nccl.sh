@@ -187,7 +187,7 @@ bounded "$bin" "${full_args[@]}" --out "$work/full-1.h5" --report "$work/full-1.
   || { failed "full size, 1 rank"; tail -8 "$work/full-1.log"; }
 grep -E "ms/step" "$work/full-1.log" | tail -1 | cut -c1-200
 elapsed "full size, 1 rank"
-for transport in nccl mpi; do
+for transport in ${FULL_TRANSPORTS:-nccl mpi}; do
   if [ "$(left)" -lt 60 ]; then echo "full size over $transport skipped: $(left) s left"; continue; fi
   name="full-2-$transport"
   bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport $transport \
@@ -204,4 +204,51 @@ for transport in nccl mpi; do
   elapsed "full size, 2 ranks, $transport"
   pack
 done
+# 4. The seed's workflow (../shared/seeds): encoders "balanced" with max_memory 16GB x 2, transformer "auto", the
+#    VAE where the balanced map puts it, 768x1360, 50 steps, guidance 3.5, PNG; 2 ranks each capped at 16 GB
+#    against one uncapped rank.
+peaks() {  # REPORT_BASE: each rank's peak device memory against its 16 GB cap
+  python3 - "$1" <<'PY'
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + ".rank*.json")):
+    d = json.load(open(path))
+    peak = d["peak_device_bytes"]; reserved = d.get("peak_device_reserved_bytes", 0)
+    print(f"  rank {d['rank']}: peak allocated {peak / 1e9:.2f} GB, reserved {reserved / 1e9:.2f} GB of the 16 GB cap"
+          f" ({'under' if max(peak, reserved) < 16e9 else 'OVER'})")
+    if max(peak, reserved) >= 16e9: sys.exit(1)
+PY
+}
+if [ "${SEED:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
+  seed_args=(generate --model "$model" --prompt "cinematic film still of a cat sipping a margarita in a pool in Palm Springs, California" \
+    --height 768 --width 1360 --steps 50 --guidance 3.5 --dtype bf16 --device cuda --max-sequence-length 512)
+  bounded "$bin" "${seed_args[@]}" --out "$work/seed-1.png" > "$work/seed-1.log" 2>&1 || { failed "seed workflow, 1 rank"; tail -6 "$work/seed-1.log"; }
+  grep -E "ms/step|^  (encode|denoise|decode) " "$work/seed-1.log" | tail -4 | cut -c1-160
+  elapsed "seed workflow, 1 rank"
+  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${seed_args[@]}" --pipeline-device-map balanced \
+    --max-memory 0=16GB,1=16GB --device-map auto --transport nccl --out "$work/seed-2.png" --report "$work/seed-2.json" \
+    > "$work/seed-2.log" 2>&1 || { failed "seed workflow, 2 ranks"; grep -E "error|failed|memory" "$work/seed-2.log" | head -6; }
+  grep -E "phase (encode|denoise|decode): hf_device_map" "$work/seed-2.log" | cut -c1-260
+  grep -E "ms/step|^  (encode|denoise|decode) |wrote .*png" "$work/seed-2.log" | tail -5 | cut -c1-160
+  peaks "$work/seed-2" || failed "seed workflow: a rank's peak is over its 16 GB cap"
+  if cmp -s "$work/seed-1.png" "$work/seed-2.png"; then echo "seed workflow: 2 capped ranks give the same PNG as 1 rank"
+  else failed "seed workflow: the PNGs of 1 and 2 ranks differ"; fi
+  elapsed "seed workflow, 2 ranks"
+  pack
+fi
+
+# 5. Offloaded blocks: auto under caps too small for the transformer streams the last blocks to rank 1's GPU.
+if [ "${OFFLOAD:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
+  off_args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height 768 --width 1360
+    --steps 4 --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
+  bounded "$bin" "${off_args[@]}" --out "$work/off-1.h5" > "$work/off-1.log" 2>&1 || failed "offload reference, 1 rank"
+  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${off_args[@]}" --device-map auto \
+    --max-memory 0=12GB,1=8GB,cpu=64GB --transport nccl --out "$work/off-2.h5" --report "$work/off-2.json" \
+    > "$work/off-2.log" 2>&1 || { failed "offload, 2 ranks"; grep -E "error|failed|memory" "$work/off-2.log" | head -6; }
+  grep -E "runtime: ring|offloaded block|ms/step" "$work/off-2.log" | tail -4 | cut -c1-240
+  per_step "$work/off-2"
+  if same_latents "$work/off-1.h5" "$work/off-2.h5"; then echo "offload: 2 ranks with offloaded blocks bit-identical to 1 rank"
+  else failed "offload: 2 ranks with offloaded blocks differ from 1 rank"; fi
+  elapsed "offload"
+  pack
+fi
 exit $status
