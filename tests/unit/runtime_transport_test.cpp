@@ -94,7 +94,7 @@ TEST(RuntimeWireHeader, RefusesCorruptHeadersNamingBothRanks) {
       {"magic", 0, 42, "bad magic"},
       {"version", 1, (int64_t{2} << 32) | 3, "wire version 2, this build speaks 1"},
       {"kind 0", 1, (int64_t{1} << 32) | 0, "unknown kind 0"},
-      {"kind 7", 1, (int64_t{1} << 32) | 7, "unknown kind 7"},
+      {"kind 10", 1, (int64_t{1} << 32) | 10, "unknown kind 10"},
       {"step", 3, int64_t{std::numeric_limits<int32_t>::max()} + 1, "step 2147483648"},
       {"negative count", 4, -1, "-1 tensors"},
       {"too many", 4, 5, "5 tensors"},
@@ -127,7 +127,8 @@ TEST(RuntimeWireHeader, RefusesCorruptHeadersNamingBothRanks) {
 
 TEST(RuntimeWireHeader, KindNames) {
   EXPECT_STREQ(message_kind_name(MessageKind::noise), "noise");
-  EXPECT_STREQ(message_kind_name(static_cast<MessageKind>(9)), "?");
+  EXPECT_STREQ(message_kind_name(static_cast<MessageKind>(9)), "images");
+  EXPECT_STREQ(message_kind_name(static_cast<MessageKind>(kMessageKinds + 1)), "?");
 }
 
 TEST(RuntimeTransportChoice, AutoNcclAndMpi) {
