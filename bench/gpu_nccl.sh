@@ -183,10 +183,13 @@ for path in sorted(glob.glob(sys.argv[1] + ".rank*.json")):
           f"peak device {d['peak_device_bytes'] / 1e9:.1f} GB")
 PY
 }
-bounded "$bin" "${full_args[@]}" --out "$work/full-1.h5" --report "$work/full-1.json" > "$work/full-1.log" 2>&1 \
-  || { failed "full size, 1 rank"; tail -8 "$work/full-1.log"; }
-grep -E "ms/step" "$work/full-1.log" | tail -1 | cut -c1-200
-elapsed "full size, 1 rank"
+if [ "${FULL:-1}" = 1 ]; then
+  bounded "$bin" "${full_args[@]}" --out "$work/full-1.h5" --report "$work/full-1.json" > "$work/full-1.log" 2>&1 \
+    || { failed "full size, 1 rank"; tail -8 "$work/full-1.log"; }
+  grep -E "ms/step" "$work/full-1.log" | tail -1 | cut -c1-200
+  elapsed "full size, 1 rank"
+fi
+[ "${FULL:-1}" = 1 ] || FULL_TRANSPORTS=" "
 for transport in ${FULL_TRANSPORTS:-nccl mpi}; do
   if [ "$(left)" -lt 60 ]; then echo "full size over $transport skipped: $(left) s left"; continue; fi
   name="full-2-$transport"
@@ -237,7 +240,7 @@ if [ "${SEED:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
 fi
 
 # 5. Offloaded blocks: auto under caps too small for the transformer streams the last blocks to rank 1's GPU.
-if [ "${OFFLOAD:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
+if [ "${OFFLOAD:-1}" = 1 ] && [ "${FULL:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   off_args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height 768 --width 1360
     --steps 4 --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
   bounded "$bin" "${off_args[@]}" --out "$work/off-1.h5" > "$work/off-1.log" 2>&1 || failed "offload reference, 1 rank"

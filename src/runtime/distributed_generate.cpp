@@ -325,7 +325,8 @@ at::Tensor receive_embeddings(Transport& transport, const ComponentPlace& place,
                  ? std::string()
                  : str(", ", message.tensors[0].sizes(), " ", message.tensors[0].scalar_type()),
              ")");
-    parts.push_back(std::move(message.tensors[0]));
+    // Kept on the host, as the other ranks' embeddings are; over NCCL a chunk arrives on this rank's GPU.
+    parts.push_back(message.tensors[0].to(at::kCPU));
   }
   return parts.size() == 1 ? parts.front() : at::cat(parts, 0);
 }
@@ -542,7 +543,9 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
              message_kind_name(message.kind), " message from rank ", message.source, " (microbatch ", id,
              known ? "" : ", unknown or already written", images && images->defined() ? str(", ", images->sizes()) : "",
              ")");
-    write_images(id, *images, vae_place.rank);
+    // The writers read host memory; over NCCL the images arrive on this rank's GPU (the decoding rank may be
+    // the ring's last stage, whose link to rank 0 is an NCCL one).
+    write_images(id, images->to(at::kCPU), vae_place.rank);
   };
   std::optional<MicrobatchDecoder> local_decoder;
   at::Tensor final_latents;
