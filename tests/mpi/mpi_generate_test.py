@@ -172,21 +172,15 @@ def rank_pids(rank, marker):
     return pids
 
 
-def case_killed_rank(binary, model, tmp, ranks):
-    out = tmp / "killed.h5"
-    victim = ranks - 1
-    args = generate_args(model, out, ["--steps", "400", "--transport-timeout", "20"])
+def run_and_kill_rank(command, victim, out, trigger, waiting_for):
+    """Runs `command`, SIGKILLs rank `victim` when a line containing `trigger` appears, and returns the exit
+    code, the whole output and when the kill happened (None if the run ended first). Bounded: 300 s."""
     started = time.monotonic()
-    job = subprocess.Popen(mpirun(ranks) + [binary] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
-    output = []
-    killed_at = None
-    while True:
-        line = job.stdout.readline()
-        if not line:
-            break
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, killed_at = [], None
+    for line in job.stdout:
         output.append(line)
-        if killed_at is None and "step 1/400" in line:
+        if killed_at is None and trigger in line:
             pids = rank_pids(victim, str(out))
             if not pids:
                 job.kill()
@@ -196,9 +190,16 @@ def case_killed_rank(binary, model, tmp, ranks):
             killed_at = time.monotonic()
         if time.monotonic() - started > 300:
             job.kill()
-            fail("the run neither reached step 1 nor ended within 300 s:\n" + "".join(output))
-    code = job.wait()
-    text = "".join(output)
+            fail(f"{waiting_for} within 300 s:\n" + "".join(output))
+    return job.wait(), "".join(output), killed_at
+
+
+def case_killed_rank(binary, model, tmp, ranks):
+    out = tmp / "killed.h5"
+    victim = ranks - 1
+    args = generate_args(model, out, ["--steps", "400", "--transport-timeout", "20"])
+    code, text, killed_at = run_and_kill_rank(mpirun(ranks) + [binary] + args, victim, out, "step 1/400",
+                                              "the run neither reached step 1 nor ended")
     if killed_at is None:
         fail(f"the run ended before step 1 (exit {code}):\n{text}")
     seconds = time.monotonic() - killed_at
@@ -536,24 +537,8 @@ def case_incremental(binary, model, tmp, ranks):
 def kill_after_first_image(binary, model, tmp, ranks, victim, stem, extra):
     out = tmp / f"{stem}.png"
     args = generate_args(model, out, ["--output-type", "png", "--steps", "300"] + extra)
-    job = subprocess.Popen(mpirun(ranks) + [binary] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    started = time.monotonic()
-    output, killed_at = [], None
-    for line in job.stdout:
-        output.append(line)
-        if killed_at is None and "] wrote " in line:
-            pids = rank_pids(victim, str(out))
-            if not pids:
-                job.kill()
-                fail(f"could not find rank {victim}'s process")
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-            killed_at = time.monotonic()
-        if time.monotonic() - started > 300:
-            job.kill()
-            fail("no image within 300 s:\n" + "".join(output))
-    code = job.wait()
-    text = "".join(output)
+    code, text, killed_at = run_and_kill_rank(mpirun(ranks) + [binary] + args, victim, out, "] wrote ",
+                                              "no image")
     if killed_at is None:
         fail(f"the run wrote no image before it ended (exit {code}):\n{text}")
     if code == 0:
