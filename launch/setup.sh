@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything diffpipe needs on a fresh Debian 12 machine, then configures and builds.
-#   bash launch/setup.sh            apt packages + oracle venv + Release build in ./build
+#   bash launch/setup.sh            apt packages + oracle venv + RelWithDebInfo build in ./build
 #   SKIP_APT=1 / SKIP_BUILD=1       skip a phase (the GPU image already has its packages)
 # The venv lives outside the checkout (DIFFPIPE_VENV) so that fresh clones reuse the multi-GB torch wheel.
 set -euo pipefail
@@ -44,8 +44,11 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   torch_prefix=$("$venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
+  # A compiler cache, where the machine has one, lets several checkouts share object files (2-core machines).
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   say "configure ($build_type) in $build_dir"
-  cmake -S "$here" -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE="$build_type" \
+  cmake -S "$here" -B "$build_dir" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE="$build_type" \
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DDIFFPIPE_PYTHON="$venv/bin/python"
   say "build"
   cmake --build "$build_dir" -j "$(nproc)"
