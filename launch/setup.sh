@@ -46,7 +46,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   command -v ninja >/dev/null && generator=(-G Ninja)
   # A compiler cache, where the machine has one, lets several checkouts share object files (2-core machines).
   launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   say "configure ($build_type) in $build_dir"
   cmake -S "$here" -B "$build_dir" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE="$build_type" \
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DDIFFPIPE_PYTHON="$venv/bin/python"
