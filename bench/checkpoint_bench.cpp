@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   c.model_fingerprint = "0000000000000000";
   c.device_map = "pipeline";
   c.written_by = "checkpoint_bench";
+  c.run_id = dp::io::new_run_id();
   c.image_steps.assign(static_cast<size_t>(images), 25);
   for (int i = 0; i <= 50; ++i) c.sigmas.push_back(1.0f - i / 50.0f);
   for (int i = 0; i < 50; ++i) c.timesteps.push_back(1000.0f - i * 20.0f);
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   c.pooled = dp::io::RawTensor::owning("bf16", {b, 768}, filled(static_cast<size_t>(b) * 768 * 2, 3));
 
   std::vector<double> ms;
-  const std::string path = dir + "/" + dp::io::checkpoint_file_name(25);
+  const std::string path = dir + "/" + dp::io::checkpoint_file_name(25, c.run_id);
   for (int i = 0; i < writes; ++i) {
     const auto started = std::chrono::steady_clock::now();
     dp::io::write_checkpoint(path, c);

@@ -1,6 +1,7 @@
 // `diffpipe generate`: the whole FLUX pipeline in one process, with diffusers' defaults and numbers.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -11,11 +12,14 @@
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "cli/generate_paths.h"
 #include "cli/torch_boundary.h"
 #include "core/atomic_file.h"
+#include "core/output_policy.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
+#include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
 #include "io/hdf5_latents.h"
 #include "io/png_image.h"
@@ -30,6 +34,9 @@
 
 namespace dp::cli {
 namespace {
+
+// --transport-timeout's ceiling: a wait of more than a few months is a typo, not a plan.
+constexpr double kMaxTransportTimeout = 1e7;
 
 struct GenerateOptions {
   std::string config;  // --config FILE: its keys are already flags here (run_config.h); kept for messages
@@ -51,11 +58,35 @@ struct GenerateOptions {
   bool was_given(const std::string& field) const { return std::find(given.begin(), given.end(), field) != given.end(); }
 };
 
-// --resume: reads and validates the checkpoint (a directory: its newest valid one) and fills the options the
-// user did not give from it. Mismatches with the options given are checked once the size is resolved.
-std::shared_ptr<const io::Checkpoint> read_resume_checkpoint(const GenerateOptions& o, std::string& path) {
+// What --resume DIR knows of this request before anything loads: the model's fingerprint and the options
+// given, to pick the one run of the folder this request continues (io/checkpoint_dir.h).
+io::ResumeRequest resume_request(const GenerateOptions& o, const std::vector<std::string>& file_prompts) {
+  io::ResumeRequest r;
+  r.model_fingerprint = runtime::model_fingerprint(io::ModelFolder::open(o.model).component("transformer").path);
+  r.given = o.given;
+  r.run.prompts = o.prompts;
+  r.run.prompts.insert(r.run.prompts.end(), file_prompts.begin(), file_prompts.end());
+  r.run.num_images_per_prompt = o.num_images_per_prompt;
+  r.run.height = o.height;
+  r.run.width = o.width;
+  r.run.steps = o.steps;
+  r.run.guidance = o.guidance;
+  r.run.seed = o.seed;
+  r.run.max_sequence_length = o.max_sequence_length;
+  if (o.was_given("dtype")) r.run.dtype = io::run_dtype_name(io::parse_run_dtype(o.dtype));
+  r.run.microbatch_size = o.runtime.microbatch_size;
+  return r;
+}
+
+// --resume: reads and validates the checkpoint (a directory: the newest valid one of the run this request
+// matches) and fills the options the user did not give from it. Mismatches with the options given are checked
+// once the size is resolved.
+std::shared_ptr<const io::Checkpoint> read_resume_checkpoint(const GenerateOptions& o,
+                                                             const std::vector<std::string>& file_prompts,
+                                                             std::string& path) {
   if (o.resume.empty()) return nullptr;
-  path = std::filesystem::is_directory(o.resume) ? io::newest_valid_checkpoint(o.resume) : o.resume;
+  path = std::filesystem::is_directory(o.resume) ? io::select_resume_checkpoint(o.resume, resume_request(o, file_prompts))
+                                                 : o.resume;
   try {
     return std::make_shared<const io::Checkpoint>(io::read_checkpoint(path));
   } catch (const Error& e) {
@@ -159,22 +190,9 @@ std::string output_path_for(const GenerateOptions& o) {
   return o.out;
 }
 
-// check_output_path, with the option that named the path in front of its message.
-void check_output_option(const char* option, const std::string& path) {
-  try {
-    check_output_path(path);
-  } catch (const Error& e) {
-    throw Error(str(option, " ", e.what()), e.file(), e.line());
-  }
-}
-
-// A target that exists and is not a regular file (/dev/null, a FIFO) takes every image in place, rather
-// than out-0.png, out-1.png ... beside it (in /dev).
-bool writes_in_place(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  return std::filesystem::exists(status) && !std::filesystem::is_regular_file(status);
-}
+// /dev/null takes every image in place, rather than out-0.png, out-1.png ... beside it (in /dev). Every other
+// non-regular target is refused by the output policy (core/output_policy.h).
+bool writes_in_place(const std::string& path) { return is_dev_null(path); }
 
 // Refuses before any work a request whose activations cannot fit the device's memory, with the estimate.
 // `device` is this rank's; `decode` whether this rank decodes (the VAE's rank, for PNG output).
@@ -266,17 +284,25 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   DP_CHECK(checkpoints.every >= 0, "--checkpoint-every must be 0 or more steps, got ", checkpoints.every);
   DP_CHECK(checkpoints.keep >= 1, "--keep-checkpoints must be at least 1, got ", checkpoints.keep);
   DP_CHECK(checkpoints.every == 0 || !checkpoints.dir.empty(), "--checkpoint-every needs --checkpoint-dir");
-  // Every rank: a stop signal forwarded by mpirun must not kill a stage before the coordinator checkpoints.
+  DP_CHECK(!checkpoints.share_dir || !checkpoints.dir.empty(), "--share-checkpoint-dir needs --checkpoint-dir");
+  // Every wait is bounded by it: zero, a negative number or nan would end the run as "stuck ranks".
+  const double timeout = o.runtime.transport_timeout_seconds;
+  DP_CHECK(std::isfinite(timeout) && timeout > 0 && timeout <= kMaxTransportTimeout, "--transport-timeout ", timeout,
+           ": expected a positive, finite number of seconds (at most ", kMaxTransportTimeout, ")");
+  // Every rank: a stop signal, forwarded by mpirun or sent to any one rank, must not kill a stage before the
+  // coordinator checkpoints (runtime/stop_request.h).
   if (!checkpoints.dir.empty()) runtime::install_stop_signal_handlers();
-  checkpoints.resume = read_resume_checkpoint(o, checkpoints.resume_path);
+  const std::vector<std::string> file_prompts =
+      o.prompts_file.empty() ? std::vector<std::string>{} : read_prompts_file(o.prompts_file);
+  checkpoints.resume = read_resume_checkpoint(o, file_prompts, checkpoints.resume_path);
   if (checkpoints.resume) take_options_from_checkpoint(checkpoints.resume->run, o);
+  // The run the checkpoints belong to: a resumed run continues its own (its older files rotate away).
+  checkpoints.run_id = checkpoints.resume && !checkpoints.resume->run_id.empty() ? checkpoints.resume->run_id
+                                                                                 : io::new_run_id();
   pipeline::GenerateRequest request;
   for (size_t i = 0; i < o.prompts.size(); ++i) check_prompt_text(o.prompts[i], str("prompt ", i + 1));
   request.prompts = o.prompts;
-  if (!o.prompts_file.empty()) {
-    const auto from_file = read_prompts_file(o.prompts_file);
-    request.prompts.insert(request.prompts.end(), from_file.begin(), from_file.end());
-  }
+  request.prompts.insert(request.prompts.end(), file_prompts.begin(), file_prompts.end());
   DP_CHECK(!request.prompts.empty(), "give at least one --prompt or a --prompts-file");
   request.num_images_per_prompt = o.num_images_per_prompt;
   request.height = o.height;
@@ -298,16 +324,31 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   std::vector<std::string> out_paths;
   for (int64_t i = 0; i < outputs_count; ++i)
     out_paths.push_back(writes_in_place(out) ? out : numbered_path(out, i, outputs_count));
-  if (world.is_coordinator()) {  // the one rank that writes
-    if (!checkpoints.dir.empty()) {
-      std::error_code ec;
-      std::filesystem::create_directories(checkpoints.dir, ec);
-      DP_CHECK(!ec, "--checkpoint-dir ", checkpoints.dir, ": cannot create it (", ec.message(), ")");
-      check_output_option("--checkpoint-dir", (std::filesystem::path(checkpoints.dir) / io::checkpoint_file_name(0)).string());
-    }
-    if (!checkpoints.embeddings_cache.empty()) check_output_option("--embeddings-cache", checkpoints.embeddings_cache);
-    for (const auto& path : out_paths) check_output_option("--out", path);
-    if (!o.report_json.empty()) check_output_option("--report-json", o.report_json);
+  {
+    // Every path of the run, before anything loads (cli/generate_paths.h).
+    GeneratePaths paths;
+    paths.outputs = out_paths;
+    paths.report_json = o.report_json;
+    paths.report = o.runtime.report_path;
+    paths.checkpoint_dir = checkpoints.dir;
+    paths.run_id = checkpoints.run_id;
+    paths.may_share_checkpoint_dir = checkpoints.share_dir || checkpoints.resume != nullptr;
+    paths.embeddings_cache = checkpoints.embeddings_cache;
+    paths.resume_file = checkpoints.resume_path;
+    paths.prompts_file = o.prompts_file;
+    paths.config = o.config;
+    paths.model = o.model;
+    paths.rank = world.rank();
+    paths.world_size = world.size();
+    check_generate_paths(paths);
+  }
+  if (world.is_coordinator() && !checkpoints.dir.empty()) {
+    const auto& resumed = checkpoints.resume;
+    DP_INFO("checkpoints: run ", checkpoints.run_id, " in ", checkpoints.dir,
+            !resumed ? std::string(" (a new run)")
+            : !resumed->run_id.empty() ? std::string(" (the run resumed)")
+                                       : str(" (", checkpoints.resume_path, " is of format version 1, without a run id: "
+                                             "this run gets a new one and leaves that file in place)"));
   }
   // The transport is settled before the device is opened or anything loaded: --transport nccl on the CPU or
   // without NCCL in the build fails here, in milliseconds.
@@ -437,7 +478,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--out", o->out,
                   "output path, default out.png (out.h5 with --output-type latent); its extension must match "
                   "--output-type. Several images are written as PATH-0.png, PATH-1.png ... (all images of the first "
-                  "prompt first); a device or FIFO such as /dev/null takes them all in place");
+                  "prompt first). A regular file or a new one (never through a symbolic link: a link is refused); "
+                  "/dev/null discards them all; a FIFO or other device is refused");
   cmd->add_option("--output-type", o->output_type,
                   "png, or latent: packed latents (B, seq, 64) float32 in an HDF5 file, dataset 'latents'")
       ->capture_default_str();
@@ -459,7 +501,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "(latents equal for any world size at the same microbatch size)")
       ->capture_default_str();
   cmd->add_option("--transport-timeout", o->runtime.transport_timeout_seconds,
-                  "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank)")
+                  "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank); a "
+                  "positive, finite number")
       ->capture_default_str();
   cmd->add_option("--transport", o->runtime.transport,
                   "how activations move between ranks: nccl (GPU to GPU with NCCL on a stream of their own, "
@@ -473,19 +516,28 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "is device time from CUDA events, and so are send/receive over nccl); with N > 1 ranks beside PATH "
                   "as PATH.rankR.json");
   cmd->add_option("--checkpoint-dir", o->runtime.checkpoints.dir,
-                  "write denoising checkpoints (HDF5, atomically) into this directory: every --checkpoint-every "
-                  "steps, and on SIGUSR1 or SIGTERM at the next step boundary, after which every rank stops with "
-                  "exit status 75");
+                  "write denoising checkpoints (HDF5, atomically) into this directory as checkpoint-stepNNNNNN-RUNID.h5: "
+                  "every --checkpoint-every steps, and on SIGUSR1 or SIGTERM to any rank at the next step boundary, "
+                  "after which every rank stops with exit status 75. A directory holding another run's checkpoints "
+                  "is refused unless --resume or --share-checkpoint-dir");
   cmd->add_option("--checkpoint-every", o->runtime.checkpoints.every,
                   "steps between checkpoints (0: only on a stop signal)")->capture_default_str();
-  cmd->add_option("--keep-checkpoints", o->runtime.checkpoints.keep, "keep the newest N checkpoints")
+  cmd->add_option("--keep-checkpoints", o->runtime.checkpoints.keep,
+                  "keep the newest N checkpoints of this run (older ones of this run are removed, each logged; other "
+                  "runs' files never are)")
       ->capture_default_str();
+  cmd->add_flag("--share-checkpoint-dir", o->runtime.checkpoints.share_dir,
+                "let --checkpoint-dir hold other runs' checkpoints: this run writes beside them under its own run "
+                "id and never replaces or removes theirs (without it such a directory is refused, unless --resume)");
   cmd->add_option("--resume", o->resume,
-                  "continue from a checkpoint file, or the newest valid one in a directory; options not given are "
-                  "taken from it, those given must match it (any world size and device map)");
+                  "continue from a checkpoint file, or a directory: the newest valid checkpoint of the one run there "
+                  "that this request matches (same model, and the options given); several matching runs are listed "
+                  "and refused. Options not given are taken from it, those given must match it (any world size and "
+                  "device map)");
   cmd->add_option("--embeddings-cache", o->runtime.checkpoints.embeddings_cache,
                   "HDF5 file of prompt embeddings keyed by prompt, max sequence length, dtype and the text "
-                  "encoders' fingerprint: prompts found there skip CLIP and T5, new ones are added");
+                  "encoders' fingerprint: prompts found there skip CLIP and T5, new ones are added. Only a new file "
+                  "or a cache diffpipe wrote is (re)written; any other file is refused");
   cmd->callback([o, cmd] {
     for (const auto& [flag, field] : std::vector<std::pair<std::string, std::string>>{
              {"--prompt", "prompts"}, {"--prompts-file", "prompts"}, {"--num-images-per-prompt", "num-images-per-prompt"},
@@ -501,10 +553,14 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
     });
   });
   cmd->footer(
-      "Checked before any work: the output paths (writable, not a directory), the limits above, and the memory\n"
-      "the activations need (estimated from the configs) against what the device has free.\n\n"
-      "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM after\n"
-      "writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun\n"
+      "Checked before any work: every path (outputs writable regular files or new ones, never through a\n"
+      "symbolic link; no FIFO or device but /dev/null; no two of the run's paths one file; nothing written into\n"
+      "the model folder; the embeddings cache a cache; no other run's checkpoints in --checkpoint-dir), the\n"
+      "limits above, and the memory the activations need (estimated from the configs) against what the device\n"
+      "has free. Files are written whole (a temporary renamed over the name) or not at all; a full disk is\n"
+      "named (ENOSPC, EDQUOT).\n\n"
+      "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM (to any\n"
+      "rank) after writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun\n"
       "exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
 });
 

@@ -125,6 +125,8 @@ void inspect_checkpoint(const std::string& path, bool as_json) {
   nlohmann::ordered_json report = {
       {"checkpoint", path},
       {"format_version", c.format_version},
+      {"run_id", c.run_id},
+      {"request_fingerprint", c.request_fingerprint},
       {"steps_done", c.steps_done()},
       {"steps", c.run.steps},
       {"finished", c.finished()},
@@ -147,6 +149,8 @@ void inspect_checkpoint(const std::string& path, bool as_json) {
     return;
   }
   std::cout << "checkpoint: " << path << " (format version " << c.format_version << ", valid)\n"
+            << "run: " << (c.run_id.empty() ? std::string("(none: format version 1)") : c.run_id)
+            << ", request fingerprint " << c.request_fingerprint << "\n"
             << "progress: " << c.steps_done() << "/" << c.run.steps << " steps done by the slowest image"
             << (c.finished() ? " (finished: a resume only decodes)" : "") << "\n"
             << "model: " << c.model_dir << " (fingerprint " << c.model_fingerprint << ")\n"

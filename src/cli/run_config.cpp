@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
+#include "core/suggest.h"
 
 namespace dp::cli {
 namespace {
@@ -91,12 +92,13 @@ std::optional<std::string> scalar_word(const nlohmann::json& value, ValueKind ki
   return std::nullopt;
 }
 
-// The key a misspelt one probably meant: device_map -> device-map, Steps -> steps.
-std::string likely_key(const std::string& key, const std::map<std::string, FlagSpec>& flags) {
-  std::string normal = key;
-  for (auto& c : normal) c = c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  while (!normal.empty() && normal.front() == '-') normal.erase(normal.begin());
-  return flags.count(normal) != 0 ? normal : std::string();
+// The key a misspelt one probably meant: device_map -> device-map, Steps -> steps, stpes -> steps.
+std::string likely_key(const std::string& key, const std::map<std::string, FlagSpec>& flags,
+                       const ConfigExtras& extras) {
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : flags) names.push_back(name);
+  names.insert(names.end(), extras.ignored_keys.begin(), extras.ignored_keys.end());
+  return closest_spelling(key, names);
 }
 
 std::string known_keys(const std::map<std::string, FlagSpec>& flags, const ConfigExtras& extras) {
@@ -138,7 +140,8 @@ std::vector<std::string> expand_run_config(const CLI::App& command, const std::v
            "command line override its keys)");
   DP_CHECK(!path.empty(), "--config needs a file (a JSON run config, see configs/)");
 
-  const nlohmann::json doc = read_json_file(path);
+  // Duplicate keys are refused: with JSON's "last one wins" a config could say two things and mean one.
+  const nlohmann::json doc = read_json_file(path, kMaxJsonFileBytes, DuplicateKeys::refuse);
   require_json_object(doc, path);
   const auto flags = flags_of(command);
   const std::string command_name = command.get_name();
@@ -152,7 +155,7 @@ std::vector<std::string> expand_run_config(const CLI::App& command, const std::v
         DP_WARN(path, ": key '", key, "' is not a flag of this build's ", command_name, "; ignoring it");
         continue;
       }
-      const std::string meant = likely_key(key, flags);
+      const std::string meant = likely_key(key, flags, extras);
       DP_FAIL(path, ": unknown key '", key, "'",
               meant.empty() ? std::string() : " (did you mean '" + meant + "'? keys are the long flag names)",
               "; ", command_name, " takes: ", known_keys(flags, extras));

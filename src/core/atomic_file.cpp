@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/output_policy.h"
 
 namespace dp {
 namespace {
@@ -106,33 +107,6 @@ std::string system_temp_dir() {
   return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
 }
 
-// What the target is, after following symlinks. `exists` is false when nothing (or a dangling link) is there.
-struct TargetStatus {
-  bool exists = false;
-  mode_t mode = 0;
-  bool regular() const { return exists && S_ISREG(mode); }
-  bool directory() const { return exists && S_ISDIR(mode); }
-};
-
-TargetStatus status_of(const std::string& path) {
-  struct stat st {};
-  TargetStatus status;
-  if (::stat(path.c_str(), &st) == 0) {
-    status.exists = true;
-    status.mode = st.st_mode;
-  }
-  return status;
-}
-
-// A symlink is written through: the file it points at gets the data and the link stays a link. Anything
-// else (and a dangling link) is the path itself.
-std::string resolve_symlink(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
-  char resolved[PATH_MAX];
-  return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
-}
-
 // The mode a new output gets, as open(O_CREAT, 0666) would under the process's umask; read from
 // /proc/self/status because umask() can only be read by setting it, which races with other threads.
 mode_t new_file_mode() {
@@ -177,74 +151,24 @@ void sync_path(const std::string& path, bool directory, const std::string& targe
   const int saved = errno;
   ::close(fd);
   errno = saved;
-  DP_CHECK(rc == 0, target, ": fsync of ", path, " failed (", errno_text(), ")");
-}
-
-// Copies the temporary's bytes into a non-regular target opened for writing (no truncation, no rename).
-void copy_into(const std::string& temp, const std::string& target) {
-  const int in = ::open(temp.c_str(), O_RDONLY);
-  DP_CHECK(in >= 0, target, ": cannot reopen ", temp, " (", errno_text(), ")");
-  const int out = ::open(target.c_str(), O_WRONLY);
-  if (out < 0) {
-    const std::string why = errno_text();
-    ::close(in);
-    DP_FAIL(target, ": cannot open for writing (", why, ")");
-  }
-  char buffer[1 << 16];
-  std::string failure;
-  for (;;) {
-    const ssize_t got = ::read(in, buffer, sizeof buffer);
-    if (got == 0) break;
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      failure = "read of " + temp + " failed (" + errno_text() + ")";
-      break;
-    }
-    for (ssize_t done = 0; done < got && failure.empty();) {
-      const ssize_t wrote = ::write(out, buffer + done, static_cast<size_t>(got - done));
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote <= 0) failure = "write failed (" + errno_text() + ")";
-      else done += wrote;
-    }
-    if (!failure.empty()) break;
-  }
-  ::close(in);
-  if (::close(out) != 0 && failure.empty()) failure = "close failed (" + errno_text() + ")";
-  DP_CHECK(failure.empty(), target, ": ", failure);
+  DP_CHECK(rc == 0, target, ": fsync of ", path, " failed (", errno_text(), ")",
+           space_failure_text(saved, directory ? path : directory_of(path)));
 }
 
 }  // namespace
 
-void check_output_path(const std::string& path) {
-  DP_CHECK(!path.empty(), "the output path is empty");
-  const std::string target = resolve_symlink(path);
-  const TargetStatus status = status_of(target);
-  DP_CHECK(!status.directory(), path, ": is a directory; name a file to write");
-  if (status.exists && !status.regular()) {
-    // Written in place at commit (the temporary goes to the system temp folder): it must open for writing.
-    // O_NONBLOCK: a FIFO without a reader answers ENXIO instead of blocking, and is still a valid target.
-    const int fd = ::open(target.c_str(), O_WRONLY | O_NONBLOCK);
-    DP_CHECK(fd >= 0 || errno == ENXIO, path, ": cannot open for writing (", errno_text(), ")");
-    if (fd >= 0) ::close(fd);
-    return;
-  }
-  const std::string dir = directory_of(target);
-  DP_CHECK(status_of(dir).directory(), path, ": directory ", dir, " does not exist");
-  // A real attempt: permissions alone say yes to root on a read-only file system.
-  const std::string probe = make_temporary(dir, target, 0600, /*register_for_signals=*/false);
-  ::unlink(probe.c_str());
-}
-
 AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   check_output_path(target_);
-  const std::string resolved = resolve_symlink(target_);
-  const TargetStatus status = status_of(resolved);
-  if (status.exists && !status.regular()) {
-    temp_ = make_temporary(system_temp_dir(), resolved, 0600, true);
+  struct stat st {};
+  const bool exists = ::lstat(target_.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
+    // /dev/null (check_output_path refused every other non-regular target): produced, then discarded.
+    discard_ = true;
+    temp_ = make_temporary(system_temp_dir(), target_, 0600, true);
   } else {
     // Replacing a file keeps its permissions; a new one gets the umask's.
-    const mode_t mode = status.regular() ? (status.mode & 07777) : new_file_mode();
-    temp_ = make_temporary(directory_of(resolved), resolved, mode, true);
+    const mode_t mode = exists ? (st.st_mode & 07777) : new_file_mode();
+    temp_ = make_temporary(directory_of(target_), target_, mode, true);
   }
 }
 
@@ -254,20 +178,33 @@ AtomicFile::~AtomicFile() {
   release_slot(temp_);
 }
 
+void AtomicFile::write(const std::function<void(const std::string& temp)>& fill) {
+  errno = 0;
+  try {
+    fill(temp_);
+  } catch (const Error& e) {
+    const int saved = errno;
+    const std::string detail = space_failure_text(saved, directory_of(temp_));
+    if (detail.empty()) throw;
+    // The cause goes before the " [file:line]" that every message ends with.
+    std::string text = e.what();
+    const auto location = text.rfind(" [");
+    text.insert(location == std::string::npos ? text.size() : location, detail);
+    throw Error(text, e.file(), e.line());
+  }
+}
+
 void AtomicFile::commit() {
   DP_CHECK(!committed_, target_, ": committed twice");
   try {
-    const std::string resolved = resolve_symlink(target_);
-    const TargetStatus status = status_of(resolved);
-    DP_CHECK(!status.directory(), target_, ": is a directory; name a file to write");
-    if (status.exists && !status.regular()) {
-      copy_into(temp_, resolved);
+    if (discard_) {
       ::unlink(temp_.c_str());
     } else {
       sync_path(temp_, false, target_);
-      DP_CHECK(::rename(temp_.c_str(), resolved.c_str()) == 0, target_, ": cannot rename ", temp_, " over it (",
+      // rename() replaces the name: a link put there since the check is replaced, never followed.
+      DP_CHECK(::rename(temp_.c_str(), target_.c_str()) == 0, target_, ": cannot rename ", temp_, " over it (",
                errno_text(), ")");
-      sync_path(directory_of(resolved), true, target_);
+      sync_path(directory_of(target_), true, target_);
     }
   } catch (...) {
     ::unlink(temp_.c_str());
@@ -281,22 +218,24 @@ void AtomicFile::commit() {
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
   AtomicFile file(path);
-  {
-    const int fd = ::open(file.temp_path().c_str(), O_WRONLY | O_TRUNC);
-    DP_CHECK(fd >= 0, path, ": cannot open ", file.temp_path(), " (", errno_text(), ")");
+  file.write([&](const std::string& temp) {
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW);
+    DP_CHECK(fd >= 0, path, ": cannot open ", temp, " (", errno_text(), ")");
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
       if (wrote < 0 && errno == EINTR) continue;
       if (wrote <= 0) {
-        const std::string why = errno_text();
+        const int saved = errno;
         ::close(fd);
-        DP_FAIL(path, ": write failed (", why, ")");
+        errno = saved;
+        DP_FAIL(path, ": write failed (", std::strerror(saved), ")");
       }
       done += static_cast<size_t>(wrote);
     }
-    DP_CHECK(::close(fd) == 0, path, ": close failed (", errno_text(), ")");
-  }
+    const int rc = ::close(fd);
+    DP_CHECK(rc == 0, path, ": close failed (", errno_text(), ")");
+  });
   file.commit();
 }
 

@@ -1,19 +1,24 @@
 #pragma once
-// The one way diffpipe writes an output file (images, latents, reports, configs, weights): readers see the
-// old content or the new, never a part, and a failure leaves nothing behind.
+// The one way diffpipe writes an output file (images, latents, reports, checkpoints, caches, configs, weights):
+// readers see the old content or the new, never a part, and a failure leaves nothing behind. It follows the
+// output policy of core/output_policy.h: regular files only, never through a symbolic link.
 //
-//   - The data goes to a unique temporary file in the target's directory (".NAME.XXXXXX.partial"), so two
-//     runs writing the same path never share a temporary.
-//   - commit() flushes it to disk, renames it over a regular (or absent) target and syncs the directory. The
-//     result has the mode the replaced file had, or the umask's for a new file (not mkstemp's 0600).
-//   - A non-regular target (/dev/null, a FIFO, a device) is never replaced: its temporary lives in $TMPDIR
-//     (or /tmp; /dev is not writable for most users) and commit() copies the bytes into the target in place,
-//     reporting its errors (ENOSPC from /dev/full).
-//   - A symlink is written through: the file it points at gets the data and the link stays.
-//   - A directory as target is refused before any work: check_output_path().
+//   - The data goes to a unique temporary file in the target's directory (".NAME.XXXXXX.partial", created
+//     with O_EXCL), so two runs writing the same path never share a temporary.
+//   - commit() flushes it to disk, renames it over the target and syncs the directory. A rename replaces the
+//     name itself: a symbolic link or a hard link there is never written through (a link to a regular file
+//     elsewhere keeps that file's content). The result has the mode the replaced file had, or the umask's for
+//     a new file (not mkstemp's 0600).
+//   - A symlink, directory, FIFO, socket or device as target is refused when the writer is made, before any
+//     data is produced (check_output_path). /dev/null is accepted and discards: its temporary lives in $TMPDIR
+//     (or /tmp; /dev is not writable for most users) and commit() removes it.
+//   - write() runs the code that fills the temporary and names ENOSPC, EDQUOT and EFBIG in its failure.
 //   - The temporary is removed when the writer is destroyed uncommitted (exceptions), and on SIGINT, SIGTERM
 //     or SIGHUP once install_partial_file_cleanup() has run.
+#include <functional>
 #include <string>
+
+#include "core/output_policy.h"
 
 namespace dp {
 
@@ -27,6 +32,9 @@ class AtomicFile {
 
   // Where to write: a regular file, empty, in the target's directory.
   const std::string& temp_path() const { return temp_; }
+  // Runs `fill(temp_path())`; a failure is rethrown with the cause named when it was a full file system, a
+  // quota or a file size limit (ENOSPC, EDQUOT, EFBIG).
+  void write(const std::function<void(const std::string& temp)>& fill);
   const std::string& target() const { return target_; }
   // Publishes the temporary as the target (see above). Throws naming the target on any failure, after
   // which nothing is left behind.
@@ -35,13 +43,9 @@ class AtomicFile {
  private:
   std::string target_;
   std::string temp_;
+  bool discard_ = false;  // /dev/null
   bool committed_ = false;
 };
-
-// Throws, naming the path and what is wrong, unless `path` can be written as an output: its directory
-// exists and accepts a new file (tried for real: a permission check alone says yes to root on a read-only
-// mount), and the path is absent, a regular file, or a non-regular file that can be opened for writing.
-void check_output_path(const std::string& path);
 
 // Writes `bytes` to `path` through an AtomicFile.
 void write_file_atomically(const std::string& path, const std::string& bytes);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -134,13 +135,41 @@ std::string read_capped(int fd, const std::string& path, uint64_t max_bytes) {
   return text;
 }
 
+// Parses `text` with a callback that sees every key as it is read: one set of keys per open object.
+nlohmann::json parse_refusing_duplicate_keys(const std::string& text, const std::string& path) {
+  struct Open {
+    std::string name;  // where this object is: "the top level" or "object 'KEY'"
+    std::vector<std::string> keys;
+  };
+  std::vector<Open> open;
+  std::string last_key;
+  const nlohmann::json::parser_callback_t callback = [&](int, nlohmann::json::parse_event_t event,
+                                                         nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      open.push_back({open.empty() ? std::string("the top-level object") : "object '" + last_key + "'", {}});
+    } else if (event == Event::object_end) {
+      if (!open.empty()) open.pop_back();
+    } else if (event == Event::key && !open.empty()) {
+      last_key = parsed.get<std::string>();
+      auto& keys = open.back().keys;
+      DP_CHECK(std::find(keys.begin(), keys.end(), last_key) == keys.end(), path, ": key '", printable(last_key),
+               "' appears twice in ", printable(open.back().name),
+               " (JSON would quietly keep the last one); give each key once");
+      keys.push_back(last_key);
+    }
+    return true;
+  };
+  return nlohmann::json::parse(text, callback);
+}
+
 }  // namespace
 
 void write_json_file(const std::string& path, const nlohmann::json& doc) {
   write_file_atomically(path, doc.dump(2) + "\n");
 }
 
-nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes) {
+nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes, DuplicateKeys duplicates) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DP_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(errno));
   std::string text;
@@ -159,7 +188,9 @@ nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes) {
   const bool utf16 = text.size() >= 2 && ((text[0] == '\xff' && text[1] == '\xfe') || (text[0] == '\xfe' && text[1] == '\xff'));
   DP_CHECK(!utf16, path, ": not valid JSON: the file is UTF-16 (it starts with a byte-order mark); save it as UTF-8");
   try {
-    return nlohmann::json::parse(text);
+    return duplicates == DuplicateKeys::refuse ? parse_refusing_duplicate_keys(text, path) : nlohmann::json::parse(text);
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     // The parser also rejects ill-formed UTF-8 inside strings, naming the position.
     DP_FAIL(path, ": not valid JSON (", printable(without_nlohmann_prefix(e.what())), ")");

@@ -12,9 +12,16 @@ namespace dp {
 // anything near this is not what it claims to be, and parsing it would cost seconds and gigabytes.
 constexpr uint64_t kMaxJsonFileBytes = uint64_t{64} << 20;
 
+// What a key named twice in one object means. Files diffusers writes keep JSON's (and Python's) rule, the last
+// one wins; files a user writes for diffpipe (run configs, max-memory maps) refuse it, since a config that says
+// two things must not quietly mean one.
+enum class DuplicateKeys { last_wins, refuse };
+
 // Reads and parses a UTF-8 JSON file; throws naming the file when it is missing, unreadable, a directory,
-// larger than `max_bytes`, or not valid JSON (with the line and column).
-nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes = kMaxJsonFileBytes);
+// larger than `max_bytes`, or not valid JSON (with the line and column), and with DuplicateKeys::refuse when
+// an object names a key twice (naming the key and where it is).
+nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes = kMaxJsonFileBytes,
+                              DuplicateKeys duplicates = DuplicateKeys::last_wins);
 // Writes `doc` indented by two spaces with a final newline, as save_pretrained does; throws naming the file.
 void write_json_file(const std::string& path, const nlohmann::json& doc);
 

@@ -1,10 +1,16 @@
 // The only translation unit that includes spdlog. It is built in a target without LibTorch includes.
 #include "core/log.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
+#include <limits.h>
+#include <poll.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <mutex>
 
 namespace dp::log {
@@ -24,11 +30,109 @@ spdlog::level::level_enum to_spdlog(Level level) {
   return spdlog::level::info;
 }
 
+// stderr that never holds the caller for long. A rank's stderr is a pipe to mpirun (or srun, or a terminal);
+// when its reader stops (a SIGSTOPped mpirun, a stalled terminal) a plain write blocks once the pipe is full,
+// and the rank with it, past every --transport-timeout. Here each line waits at most kGrace for room; a line
+// that finds none is dropped and counted, later lines are dropped at once while the stall lasts, and the first
+// line that gets through again is preceded by how many were lost. The file descriptor's flags are left alone:
+// O_NONBLOCK would change the shared open file of the shell or mpirun too.
+class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  StderrSink() : colors_(::isatty(STDERR_FILENO) == 1) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    std::string line = colored(msg, formatted);
+    if (dropped_ > 0) {
+      // A stall: nothing is waited for until a line goes through again.
+      if (!writable(0)) {
+        ++dropped_;
+        return;
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stalled_at_).count();
+      char text[200];
+      std::snprintf(text, sizeof text,
+                    "%llu log line(s) dropped: stderr took nothing for %.1f s (a stopped or stalled reader); the "
+                    "run went on",
+                    static_cast<unsigned long long>(dropped_), seconds);
+      spdlog::details::log_msg notice(msg.time, spdlog::source_loc{}, msg.logger_name, spdlog::level::warn, text);
+      spdlog::memory_buf_t notice_text;
+      formatter_->format(notice, notice_text);
+      const std::string prefix = cut_line_ ? "\n" : "";
+      dropped_ = 0;
+      cut_line_ = false;
+      if (!write_all(prefix + std::string(notice_text.data(), notice_text.size()), 0)) return;
+    }
+    if (!write_all(line, kGraceMilliseconds)) {
+      if (dropped_ == 0) stalled_at_ = std::chrono::steady_clock::now();
+      ++dropped_;
+    }
+  }
+  void flush_() override {}
+
+ private:
+  static constexpr int kGraceMilliseconds = 250;
+
+  std::string colored(const spdlog::details::log_msg& msg, const spdlog::memory_buf_t& formatted) const {
+    std::string text(formatted.data(), formatted.size());
+    if (!colors_ || msg.color_range_end <= msg.color_range_start || msg.color_range_end > text.size()) return text;
+    const char* code = "";
+    switch (msg.level) {
+      case spdlog::level::trace: code = "\033[37m"; break;
+      case spdlog::level::debug: code = "\033[36m"; break;
+      case spdlog::level::info: code = "\033[32m"; break;
+      case spdlog::level::warn: code = "\033[33m\033[1m"; break;
+      case spdlog::level::err:
+      case spdlog::level::critical: code = "\033[31m\033[1m"; break;
+      default: return text;
+    }
+    text.insert(msg.color_range_end, "\033[m");
+    text.insert(msg.color_range_start, code);
+    return text;
+  }
+
+  static bool writable(int wait_milliseconds) {
+    pollfd fd{STDERR_FILENO, POLLOUT, 0};
+    for (;;) {
+      const int ready = ::poll(&fd, 1, wait_milliseconds);
+      if (ready < 0 && errno == EINTR) continue;
+      return ready == 1 && (fd.revents & POLLOUT) != 0 && (fd.revents & (POLLERR | POLLNVAL)) == 0;
+    }
+  }
+
+  // Writes `text` in pieces of at most PIPE_BUF bytes, each after poll says there is room: a pipe takes such a
+  // piece whole without blocking. False when stderr stayed full (the rest of `text` is lost) or failed.
+  bool write_all(const std::string& text, int wait_milliseconds) {
+    size_t done = 0;
+    while (done < text.size()) {
+      if (!writable(done == 0 ? wait_milliseconds : kGraceMilliseconds)) {
+        cut_line_ = done > 0;
+        return false;
+      }
+      const size_t piece = std::min<size_t>(text.size() - done, PIPE_BUF);
+      const ssize_t wrote = ::write(STDERR_FILENO, text.data() + done, piece);
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0) {
+        cut_line_ = done > 0;
+        return false;
+      }
+      done += static_cast<size_t>(wrote);
+    }
+    return true;
+  }
+
+  const bool colors_;
+  unsigned long long dropped_ = 0;
+  bool cut_line_ = false;  // a dropped line had been partly written
+  std::chrono::steady_clock::time_point stalled_at_;
+};
+
 spdlog::logger& logger() {
   // stderr, so that stdout stays clean for --json output.
   static std::shared_ptr<spdlog::logger> instance = [] {
-    auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-    auto made = std::make_shared<spdlog::logger>("diffpipe", sink);
+    auto made = std::make_shared<spdlog::logger>("diffpipe", std::make_shared<StderrSink>());
     made->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
     made->set_level(spdlog::level::trace);
     return made;

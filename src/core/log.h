@@ -1,6 +1,9 @@
 #pragma once
 // Logging facade. spdlog lives behind this header only: LibTorch ships its own fmt, which breaks
 // spdlog's headers in any translation unit that sees both (see shared GPU.md).
+// Lines go to stderr and never hold the caller for long: when stderr stops taking them (a stopped mpirun, a
+// stalled terminal) a line waits at most 250 ms, then lines are dropped and counted until stderr takes one
+// again, which is preceded by a warning saying how many were lost. A rank's compute is never held by its log.
 #include <string>
 
 #include "core/error.h"

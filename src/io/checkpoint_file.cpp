@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "core/atomic_file.h"
@@ -46,6 +47,10 @@ Attributes attributes_of(const Checkpoint& c) {
   a.texts["model_fingerprint"] = c.model_fingerprint;
   a.texts["device_map"] = c.device_map;
   a.texts["written_by"] = c.written_by;
+  if (c.format_version >= 2) {
+    a.texts["run_id"] = c.run_id;
+    a.texts["request_fingerprint"] = c.request_fingerprint;
+  }
   return a;
 }
 
@@ -63,16 +68,6 @@ std::string content_digest(const Checkpoint& c) {
     d.add(t->data, t->nbytes);
   }
   return d.hex();
-}
-
-int step_in_name(const std::string& name) {
-  // checkpoint-stepNNNNNN.h5
-  static const std::string prefix = "checkpoint-step";
-  if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + 3 || name.substr(name.size() - 3) != ".h5")
-    return -1;
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
-  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoi(digits);
 }
 
 }  // namespace
@@ -104,16 +99,42 @@ int Checkpoint::steps_done() const {
   return image_steps.empty() ? 0 : *std::min_element(image_steps.begin(), image_steps.end());
 }
 
-void write_checkpoint(const std::string& path, const Checkpoint& c) {
+std::string request_fingerprint(const CheckpointRun& run) {
+  Digest d;
+  d.add(str("request v1: ", run.prompts.size(), " prompts"));
+  for (const auto& p : run.prompts) d.add(p);
+  d.add(str(run.num_images_per_prompt, " ", run.height, "x", run.width, " ", run.steps, " steps, guidance ",
+            format_double(run.guidance), ", seed ", run.seed, ", ", run.max_sequence_length, " tokens, ", run.dtype,
+            ", microbatch ", run.microbatch_size));
+  return d.hex();
+}
+
+std::string new_run_id() {
+  std::random_device source;
+  const uint64_t id = (static_cast<uint64_t>(source()) << 32) ^ source();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+  return text;
+}
+
+bool is_run_id(const std::string& id) {
+  return id.size() == 16 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+void write_checkpoint(const std::string& path, const Checkpoint& given) {
   hdf5::silence_errors();
+  DP_CHECK(is_run_id(given.run_id), path, ": a checkpoint needs a run id (16 hex digits), got '", given.run_id, "'");
+  Checkpoint c = given;  // shares the tensors' bytes
+  c.format_version = kCheckpointFormatVersion;
+  c.request_fingerprint = request_fingerprint(c.run);
   const int64_t images = static_cast<int64_t>(c.image_steps.size());
   DP_CHECK(images >= 1 && c.latents.shape.size() == 3 && c.latents.shape[0] == images, path,
            ": latents ", shape_text(c.latents.shape), " do not match ", images, " image step indices");
   DP_CHECK(!c.run.prompts.empty(), path, ": a checkpoint needs the prompts");
   AtomicFile output(path);
-  const std::string& tmp = output.temp_path();
-  {
-    Handle h5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  output.write([&](const std::string& tmp_file) {
+    const std::string& tmp = path;  // the name messages give
+    Handle h5(H5Fcreate(tmp_file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     DP_CHECK(h5.ok(), tmp, ": cannot create HDF5 file");
     write_tensor(h5.get(), "latents", c.latents, tmp);
     write_dataset(h5.get(), "image_steps", H5T_STD_I32LE, H5T_NATIVE_INT32, {images}, c.image_steps.data(), tmp);
@@ -141,18 +162,16 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     for (const auto& [name, value] : a.texts) write_text(h5.get(), name, value, tmp);
     write_text(h5.get(), "content_digest", content_digest(c), tmp);
     DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, tmp, ": flush failed");
-  }
+  });
   output.commit();
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
-  hdf5::silence_errors();
-  DP_CHECK(fs::is_regular_file(path), path, ": no such checkpoint file");
-  DP_CHECK(H5Fis_hdf5(path.c_str()) > 0, path, ": not an HDF5 file (truncated or damaged checkpoint?)");
-  Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  DP_CHECK(h5.ok(), path, ": cannot open the HDF5 file (truncated or damaged checkpoint?)");
-  const Reader r{path, h5.get()};
-  DP_CHECK(H5Aexists(h5.get(), "format") > 0 && r.text("format") == kCheckpointFormatName, path,
+namespace {
+
+// The attributes, prompts and image steps: everything but the tensors, the schedule and the digest.
+Checkpoint read_header(const Reader& r) {
+  const std::string& path = r.path;
+  DP_CHECK(H5Aexists(r.file, "format") > 0 && r.text("format") == kCheckpointFormatName, path,
            ": not a diffpipe checkpoint (no format attribute '", kCheckpointFormatName, "')");
   Checkpoint c;
   c.format_version = static_cast<int>(r.integer("format_version", 1, 1 << 20));
@@ -186,13 +205,46 @@ Checkpoint read_checkpoint(const std::string& path) {
   DP_CHECK(prompts * c.run.num_images_per_prompt <= kMaxImages, path, ": ", prompts, " prompts x ",
            c.run.num_images_per_prompt, " images is implausibly many");
   const int64_t images = prompts * c.run.num_images_per_prompt;
-
   std::vector<int64_t> shape;
   c.image_steps = as_vector<int32_t>(r.read("image_steps", 1, H5T_INTEGER, 4, H5T_NATIVE_INT32, shape));
   DP_CHECK(shape[0] == images, path, ": 'image_steps' has ", shape[0], " entries for ", images, " images");
   for (size_t i = 0; i < c.image_steps.size(); ++i)
     DP_CHECK(c.image_steps[i] >= 0 && c.image_steps[i] <= c.run.steps, path, ": image ", i, " is at step ",
              c.image_steps[i], " of ", c.run.steps);
+  // The run's identity: stored since format version 2; a version 1 file has no run id, and its request
+  // fingerprint follows from the attributes read above.
+  c.request_fingerprint = request_fingerprint(c.run);
+  if (c.format_version >= 2) {
+    c.run_id = r.text("run_id");
+    DP_CHECK(is_run_id(c.run_id), path, ": attribute 'run_id' is '", c.run_id, "', expected 16 hex digits");
+    const std::string stored = r.text("request_fingerprint");
+    DP_CHECK(stored == c.request_fingerprint, path, ": attribute 'request_fingerprint' is ", stored,
+             " but the run's options give ", c.request_fingerprint, ": the checkpoint is damaged");
+  }
+  return c;
+}
+
+}  // namespace
+
+Checkpoint read_checkpoint_header(const std::string& path) {
+  hdf5::silence_errors();
+  DP_CHECK(fs::is_regular_file(path), path, ": no such checkpoint file");
+  DP_CHECK(H5Fis_hdf5(path.c_str()) > 0, path, ": not an HDF5 file (truncated or damaged checkpoint?)");
+  Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  DP_CHECK(h5.ok(), path, ": cannot open the HDF5 file (truncated or damaged checkpoint?)");
+  return read_header(Reader{path, h5.get()});
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  hdf5::silence_errors();
+  DP_CHECK(fs::is_regular_file(path), path, ": no such checkpoint file");
+  DP_CHECK(H5Fis_hdf5(path.c_str()) > 0, path, ": not an HDF5 file (truncated or damaged checkpoint?)");
+  Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  DP_CHECK(h5.ok(), path, ": cannot open the HDF5 file (truncated or damaged checkpoint?)");
+  const Reader r{path, h5.get()};
+  Checkpoint c = read_header(r);
+  const int64_t images = static_cast<int64_t>(c.image_steps.size());
+  std::vector<int64_t> shape;
   c.sigmas = as_vector<float>(r.read("sigmas", 1, H5T_FLOAT, 4, H5T_NATIVE_FLOAT, shape));
   DP_CHECK(shape[0] == c.run.steps + 1, path, ": 'sigmas' has ", shape[0], " values for ", c.run.steps, " steps");
   c.timesteps = as_vector<float>(r.read("timesteps", 1, H5T_FLOAT, 4, H5T_NATIVE_FLOAT, shape));
@@ -216,57 +268,11 @@ Checkpoint read_checkpoint(const std::string& path) {
   return c;
 }
 
-std::string checkpoint_file_name(int steps_done) {
-  char name[40];
-  std::snprintf(name, sizeof name, "checkpoint-step%06d.h5", steps_done);
+std::string checkpoint_file_name(int steps_done, const std::string& run_id) {
+  DP_CHECK(steps_done >= 0 && is_run_id(run_id), "checkpoint name for step ", steps_done, " of run '", run_id, "'");
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint-step%06d-%s.h5", steps_done, run_id.c_str());
   return name;
-}
-
-std::vector<std::string> list_checkpoints(const std::string& dir) {
-  DP_CHECK(fs::is_directory(dir), dir, ": no such checkpoint directory");
-  std::vector<std::pair<int, std::string>> found;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const int step = step_in_name(entry.path().filename().string());
-    if (step >= 0 && entry.is_regular_file()) found.emplace_back(step, entry.path().string());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<std::string> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
-  return paths;
-}
-
-std::string newest_valid_checkpoint(const std::string& dir) {
-  const auto paths = list_checkpoints(dir);
-  std::string reasons;
-  for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
-    try {
-      read_checkpoint(*it);
-      return *it;
-    } catch (const Error& e) {
-      DP_WARN("--resume: skipping ", *it, ": ", e.what());
-      reasons += str("\n  ", e.what());
-    }
-  }
-  DP_FAIL(dir, ": no valid checkpoint (", paths.size(), " checkpoint-step*.h5 file(s))", reasons);
-}
-
-void prune_checkpoints(const std::string& dir, int keep) {
-  DP_CHECK(keep >= 1, "--keep-checkpoints must be at least 1, got ", keep);
-  std::vector<std::string> remove;
-  const auto paths = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < paths.size(); ++i) remove.push_back(paths[i]);
-  // Temporaries of writers killed before their rename (SIGKILL, a lost node): never resumed from, only space.
-  // The writer of this job has committed by now; two jobs must not share a checkpoint directory.
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(".checkpoint-step", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
-      remove.push_back(entry.path().string());
-  }
-  for (const auto& path : remove) {
-    std::error_code ec;
-    fs::remove(path, ec);
-    if (ec) DP_WARN(path, ": cannot remove an old checkpoint (", ec.message(), ")");
-  }
 }
 
 std::vector<RunComparison> compare_runs(const CheckpointRun& checkpoint, const CheckpointRun& run,

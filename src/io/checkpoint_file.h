@@ -4,7 +4,7 @@
 // preempted job resumes exactly where it stopped. Torch-free: tensors travel as raw bytes with a dtype name,
 // so `diffpipe inspect --checkpoint` and the fuzz targets read checkpoints without LibTorch.
 //
-// Layout (format version 1; README.md "Checkpoints" documents it for h5py/h5dump users):
+// Layout (format version 2; README.md "Checkpoints" documents it for h5py/h5dump users):
 //   /latents               (B, seq, C)   packed latents in the run dtype (fp32: float32; bf16/fp16: their bits
 //                                        as uint16, dataset attribute `dtype` says which)
 //   /image_steps           (B,) int32    denoising steps done per image (microbatches are not all at one step)
@@ -15,7 +15,12 @@
 //   root attributes        format ("diffpipe-checkpoint"), format_version, height, width, steps, guidance,
 //                          seed (as text: a uint64 does not fit a double), dtype, num_images_per_prompt,
 //                          max_sequence_length, microbatch_size, model, model_fingerprint, device_map,
-//                          world_size, written_by, content_digest
+//                          world_size, written_by, run_id, request_fingerprint, content_digest
+// A checkpoint belongs to a run: `run_id` (16 hex digits, drawn when a run starts and kept by the runs that
+// resume it) and `request_fingerprint` (the options above that fix the result) with `model_fingerprint` say
+// whose it is, so that a folder shared by several runs is rotated and resumed per run (io/checkpoint_dir.h).
+// Version 1 files (before run identities) are still read: they have no run_id, and their request fingerprint
+// is computed from their attributes.
 // `content_digest` hashes every dataset's bytes and the attributes above it: a file that HDF5 opens but whose
 // contents were torn or flipped is refused.
 //
@@ -29,7 +34,7 @@
 
 namespace dp::io {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kCheckpointFormatName = "diffpipe-checkpoint";
 
 // A tensor as bytes: dtype "fp32", "bf16" or "fp16", row-major. `data` stays valid while `owner` lives (or
@@ -59,9 +64,19 @@ struct CheckpointRun {
   int64_t microbatch_size = 1;
 };
 
+// What identifies a request's result: every option of CheckpointRun, hashed (16 hex digits).
+std::string request_fingerprint(const CheckpointRun& run);
+
+// A fresh run id: 16 hex digits from the system's random source.
+std::string new_run_id();
+// Whether `id` is a run id (16 lowercase hex digits).
+bool is_run_id(const std::string& id);
+
 struct Checkpoint {
   int format_version = kCheckpointFormatVersion;
   CheckpointRun run;
+  std::string run_id;               // empty in a version 1 file
+  std::string request_fingerprint;  // request_fingerprint(run); set by the writer, checked by the reader
   std::string model_dir;          // informational: where the model was
   std::string model_fingerprint;  // transformer config + tensor headers (runtime::model_fingerprint)
   std::string device_map;         // as given (or the default) and the plan it gave
@@ -80,16 +95,12 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 // Reads and validates every field (types, ranks, sizes against each other and against the run's options,
 // the format version, the content digest); throws naming the file and what is wrong.
 Checkpoint read_checkpoint(const std::string& path);
+// The options, identity (run id, fingerprints) and steps per image of a checkpoint, without its tensors and
+// without the digest check: what a folder listing needs (io/checkpoint_dir.h). read_checkpoint validates.
+Checkpoint read_checkpoint_header(const std::string& path);
 
-// "checkpoint-step000012.h5": names sort by the slowest image's step.
-std::string checkpoint_file_name(int steps_done);
-// Checkpoint files in `dir` (by name, not validated), oldest step first.
-std::vector<std::string> list_checkpoints(const std::string& dir);
-// The newest checkpoint in `dir` that reads and validates; older ones are tried when a newer one is damaged
-// (each refusal is logged as a warning). Throws when there is none, naming the reasons.
-std::string newest_valid_checkpoint(const std::string& dir);
-// Removes all but the newest `keep` checkpoints in `dir` (keep >= 1), and temporaries of killed writers.
-void prune_checkpoints(const std::string& dir, int keep);
+// "checkpoint-step000012-RUNID.h5": names sort by the slowest image's step, and two runs never share one.
+std::string checkpoint_file_name(int steps_done, const std::string& run_id);
 
 // What differs between a checkpoint and a run: one line per field, empty when they agree. Fields the user
 // did not give are not compared (--resume takes them from the checkpoint); `given` names those given.

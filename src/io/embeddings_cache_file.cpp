@@ -1,5 +1,7 @@
 #include "io/embeddings_cache_file.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "core/atomic_file.h"
@@ -56,17 +58,47 @@ std::string embedding_cache_key(const std::string& prompt, int max_sequence_leng
   return d.hex();
 }
 
+void check_embeddings_cache_target(const std::string& path) {
+  silence_errors();
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // a new cache
+  const auto refuse = [&](const std::string& what) {
+    DP_FAIL("--embeddings-cache ", path, ": exists and is ", what, ", not a diffpipe embeddings cache; a cache "
+            "run writes only over its own cache file: name a new file (or the cache an earlier run wrote)");
+  };
+  if (!S_ISREG(st.st_mode)) return;  // the output policy names links, FIFOs and devices
+  if (st.st_size == 0) refuse("empty");
+  if (H5Fis_hdf5(path.c_str()) <= 0) refuse("not an HDF5 file (a text file? a PNG?)");
+  Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!h5.ok()) refuse("an HDF5 file that cannot be opened");
+  const int root_attributes = H5Aget_num_attrs(h5.get());
+  if (root_attributes < 0) refuse("an HDF5 file whose root cannot be read");
+  if (H5Aexists(h5.get(), "format") > 0) {
+    const std::string format = Reader{path, h5.get()}.text("format");
+    if (format == kEmbeddingsCacheFormatName) return;
+    refuse(str("an HDF5 file of format '", format, "'"));
+  }
+  H5G_info_t root{};
+  const bool only_entries = H5Gget_info(h5.get(), &root) >= 0 && root.nlinks == 1 &&
+                            H5Lexists(h5.get(), "entries", H5P_DEFAULT) > 0 && root_attributes == 0;
+  if (only_entries) return;  // written before the format attribute existed
+  std::string names;
+  for (hsize_t i = 0; i < root.nlinks && i < 4; ++i) {
+    char name[64] = {};
+    if (H5Lget_name_by_idx(h5.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0)
+      names += str(names.empty() ? "" : ", ", name);
+  }
+  refuse(str("an HDF5 file holding ", names.empty() ? std::string("nothing") : names));
+}
+
 std::map<std::string, CachedEmbedding> read_embeddings_cache(const std::string& path) {
   silence_errors();
   std::map<std::string, CachedEmbedding> entries;
   if (!std::filesystem::exists(path)) return entries;
-  if (H5Fis_hdf5(path.c_str()) <= 0) {
-    DP_WARN(path, ": --embeddings-cache is not an HDF5 file; it will be rewritten");
-    return entries;
-  }
+  check_embeddings_cache_target(path);
   Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!h5.ok() || H5Lexists(h5.get(), "entries", H5P_DEFAULT) <= 0) {
-    DP_WARN(path, ": --embeddings-cache cannot be read as a cache; it will be rewritten");
+    DP_WARN(path, ": --embeddings-cache has no entries group; it is read as empty");
     return entries;
   }
   Handle group(H5Gopen2(h5.get(), "entries", H5P_DEFAULT), H5Gclose);
@@ -88,11 +120,13 @@ std::map<std::string, CachedEmbedding> read_embeddings_cache(const std::string& 
 
 void write_embeddings_cache(const std::string& path, const std::map<std::string, CachedEmbedding>& entries) {
   silence_errors();
+  check_embeddings_cache_target(path);
   AtomicFile output(path);
-  const std::string& tmp = output.temp_path();
-  {
-    Handle h5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  output.write([&](const std::string& tmp_file) {
+    const std::string& tmp = path;  // the name messages give
+    Handle h5(H5Fcreate(tmp_file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     DP_CHECK(h5.ok(), tmp, ": cannot create HDF5 file");
+    write_text(h5.get(), "format", kEmbeddingsCacheFormatName, tmp);
     Handle top(H5Gcreate2(h5.get(), "entries", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     DP_CHECK(top.ok(), tmp, ": cannot create group 'entries'");
     for (const auto& [key, e] : entries) {
@@ -107,7 +141,7 @@ void write_embeddings_cache(const std::string& path, const std::map<std::string,
       write_text(group.get(), "content_digest", entry_digest(e), tmp);
     }
     DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, tmp, ": flush failed");
-  }
+  });
   output.commit();
 }
 

@@ -47,22 +47,21 @@ void write_latents_hdf5(const std::string& path, const LatentsFile& file) {
   }
   DP_CHECK(count == file.values.size(), path, ": shape holds ", count, " values but ", file.values.size(), " given");
   AtomicFile output(path);
-  const std::string& tmp = output.temp_path();
-  {
+  output.write([&](const std::string& tmp) {
     Handle h5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    DP_CHECK(h5.ok(), tmp, ": cannot create HDF5 file");
+    DP_CHECK(h5.ok(), path, ": cannot create HDF5 file");
     const hsize_t dims[3] = {static_cast<hsize_t>(file.shape[0]), static_cast<hsize_t>(file.shape[1]),
                              static_cast<hsize_t>(file.shape[2])};
     Handle space(H5Screate_simple(3, dims, nullptr), H5Sclose);
     Handle data(H5Dcreate2(h5.get(), "latents", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                 H5Dclose);
-    DP_CHECK(data.ok(), tmp, ": cannot create dataset 'latents'");
-    DP_CHECK(H5Dwrite(data.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, file.values.data()) >= 0, tmp,
+    DP_CHECK(data.ok(), path, ": cannot create dataset 'latents'");
+    DP_CHECK(H5Dwrite(data.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, file.values.data()) >= 0, path,
              ": cannot write dataset 'latents'");
-    for (const auto& [name, value] : file.numeric_attributes) write_attribute(h5.get(), name, value, tmp);
-    for (const auto& [name, value] : file.text_attributes) write_text_attribute(h5.get(), name, value, tmp);
-    DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, tmp, ": flush failed");
-  }
+    for (const auto& [name, value] : file.numeric_attributes) write_attribute(h5.get(), name, value, path);
+    for (const auto& [name, value] : file.text_attributes) write_text_attribute(h5.get(), name, value, path);
+    DP_CHECK(H5Fflush(h5.get(), H5F_SCOPE_GLOBAL) >= 0, path, ": flush failed");
+  });
   output.commit();
 }
 

@@ -2,7 +2,9 @@
 
 #include <png.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -31,8 +33,7 @@ void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, 
   DP_CHECK(pixels.size() == static_cast<size_t>(width) * height * 3, path, ": expected ", width * height * 3,
            " bytes of RGB, got ", pixels.size());
   AtomicFile output(path);
-  const std::string& tmp = output.temp_path();
-  {
+  output.write([&](const std::string& tmp) {
     File file;
     file.handle = std::fopen(tmp.c_str(), "wb");
     DP_CHECK(file.handle != nullptr, tmp, ": cannot open for writing");
@@ -48,12 +49,17 @@ void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, 
         png_write_row(png, const_cast<png_bytep>(pixels.data() + static_cast<size_t>(y) * width * 3));
       png_write_end(png, nullptr);
     } catch (const std::exception& e) {
+      const int saved = errno;  // libpng says "Write Error"; the cause is in errno
       png_destroy_write_struct(&png, &info);
-      DP_FAIL(path, ": PNG write failed: ", e.what());
+      errno = saved;
+      DP_FAIL(path, ": PNG write failed: ", e.what(), saved != 0 ? str(" (", std::strerror(saved), ")") : "");
     }
     png_destroy_write_struct(&png, &info);
-    DP_CHECK(std::fflush(file.handle) == 0, path, ": write failed");
-  }
+    if (std::fflush(file.handle) != 0) {
+      const int saved = errno;
+      DP_FAIL(path, ": write failed (", std::strerror(saved), ")");
+    }
+  });
   output.commit();
 }
 

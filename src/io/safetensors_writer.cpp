@@ -33,8 +33,7 @@ void SafetensorsWriter::write(const std::string& path,
   // Pad with spaces so the data buffer starts 8-byte aligned, as the reference writer does.
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
   AtomicFile output(path);
-  const std::string& tmp = output.temp_path();
-  {
+  output.write([&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     DP_CHECK(out.good(), tmp, ": cannot open for writing");
     uint64_t length = text.size();
@@ -53,9 +52,9 @@ void SafetensorsWriter::write(const std::string& path,
         out.write(buffer.data(), static_cast<std::streamsize>(buffer.size()));
       }
       out.flush();
-      DP_CHECK(out.good(), tmp, ": write failed");
+      DP_CHECK(out.good(), path, ": write failed");
     }
-  }
+  });
   output.commit();
 }
 

@@ -20,7 +20,7 @@ namespace dp::placement {
 
 MaxMemory read_max_memory_argument(const std::string& argument) {
   if (argument.size() > 5 && argument.compare(argument.size() - 5, 5, ".json") == 0)
-    return MaxMemory::from_json(read_json_file(argument), argument);
+    return MaxMemory::from_json(read_json_file(argument, kMaxJsonFileBytes, DuplicateKeys::refuse), argument);
   return MaxMemory::parse(argument);
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/checkpoint_dir.h"
 #include "io/embeddings_cache_file.h"
 #include "io/torch_tensors.h"
 #include "runtime/distributed_generate.h"
@@ -20,33 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-volatile sig_atomic_t g_stop_signal = 0;
-
-void on_stop_signal(int signal_number) {
-  if (g_stop_signal != 0) {
-    // A second signal: the user (or the batch system) insists. Die of it as without the handler.
-    ::signal(signal_number, SIG_DFL);
-    ::raise(signal_number);
-    return;
-  }
-  g_stop_signal = signal_number;
-}
-
-std::string signal_name(int s) { return s == SIGUSR1 ? "SIGUSR1" : s == SIGTERM ? "SIGTERM" : std::to_string(s); }
-
 at::ScalarType scalar_type_of(const std::string& dtype) { return io::parse_run_scalar_type(dtype, "checkpoint dtype"); }
 
 }  // namespace
-
-void install_stop_signal_handlers() {
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGUSR1, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
-}
-
-int stop_signal() { return g_stop_signal; }
 
 io::RawTensor to_raw(const at::Tensor& tensor) {
   auto copy = std::make_shared<at::Tensor>(tensor.to(at::kCPU).contiguous());
@@ -67,6 +44,7 @@ at::Tensor from_raw(const io::RawTensor& raw, const at::Device& device) {
 
 Checkpointer::Checkpointer(const CheckpointOptions& options, io::Checkpoint base)
     : options_(options), base_(std::move(base)) {
+  base_.run_id = options.run_id;
   if (const char* hold = std::getenv("DIFFPIPE_TEST_HOLD_AT_STEP")) hold_at_step_ = std::atoi(hold);
 }
 
@@ -94,13 +72,14 @@ bool Checkpointer::at_boundary(const pipeline::LoopState& state) {
     finish();  // what was written up to here is on disk while the test acts
     DP_INFO("test hook: holding at step ", state.steps_done, " for a stop signal (at most 60 s)");
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (stop_signal() == 0 && std::chrono::steady_clock::now() < until)
+    while (!stop_requested() && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  if (stop_signal() == 0) return false;
+  const StopRequest request = stop_requested();
+  if (!request) return false;
   write(state);
   finish();  // the checkpoint is on disk before every rank is told to stop
-  DP_WARN("stop requested by ", signal_name(stop_signal()), ": checkpoint ", last_path_, " written at step ",
+  DP_WARN("stop requested by ", request.describe(), ": checkpoint ", last_path_, " written at step ",
           state.steps_done, "/", state.steps, "; stopping every rank (exit ", kExitCheckpointedAndStopped, ")");
   stopped_ = true;
   return true;
@@ -113,7 +92,7 @@ void Checkpointer::write(const pipeline::LoopState& state) {
   c->image_steps = state.image_steps;
   c->latents = to_raw(state.latents());  // a host copy: the loop moves on
   const double copy_ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() * 1000;
-  const std::string path = (fs::path(options_.dir) / io::checkpoint_file_name(state.steps_done)).string();
+  const std::string path = (fs::path(options_.dir) / io::checkpoint_file_name(state.steps_done, base_.run_id)).string();
   last_path_ = path;
   last_written_step_ = state.steps_done;
   ++written_;
@@ -123,7 +102,7 @@ void Checkpointer::write(const pipeline::LoopState& state) {
     try {
       const auto began = std::chrono::steady_clock::now();
       io::write_checkpoint(path, *c);
-      io::prune_checkpoints(dir, keep);
+      io::prune_run_checkpoints(dir, c->run_id, keep);  // this run's files only; each removal logged
       DP_INFO("checkpoint ", path, " written (step ", step, "/", steps, "): ", std::fixed, std::setprecision(1),
               copy_ms, " ms in the loop (host copy), ",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() * 1000,

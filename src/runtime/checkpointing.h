@@ -1,5 +1,6 @@
 #pragma once
-// The coordinator's side of checkpoints (io/checkpoint_file.h holds the format): the stop signals, tensors to
+// The coordinator's side of checkpoints (io/checkpoint_file.h holds the format, io/checkpoint_dir.h the folder
+// shared by runs, runtime/stop_request.h the stop signals): tensors to
 // and from checkpoint records, the "checkpoint now" decision at each step boundary of the denoising loop,
 // and the prompt-embedding cache around FluxPipeline::encode_prompts.
 #include <ATen/ATen.h>
@@ -12,24 +13,16 @@
 #include "io/checkpoint_file.h"
 #include "pipeline/denoise_loop.h"
 #include "pipeline/flux_pipeline.h"
+#include "runtime/stop_request.h"
 
 namespace dp::runtime {
-
-// The exit status of a job stopped by SIGUSR1/SIGTERM after writing its checkpoint (sysexits' EX_TEMPFAIL):
-// batch scripts requeue on it.
-inline constexpr int kExitCheckpointedAndStopped = 75;
-
-// SIGUSR1 and SIGTERM set a flag that the coordinator reads at the next step boundary (every rank installs
-// them, so that a signal forwarded by mpirun to all ranks does not kill a stage). A second signal of either
-// kind ends the process at once, as the signal would have without this handler.
-void install_stop_signal_handlers();
-// The signal that asked to stop (SIGUSR1 or SIGTERM), 0 when none has.
-int stop_signal();
 
 struct CheckpointOptions {
   std::string dir;           // --checkpoint-dir; empty: no checkpoints
   int every = 0;             // --checkpoint-every K steps; 0: only on a stop signal
-  int keep = 2;              // --keep-checkpoints N
+  int keep = 2;              // --keep-checkpoints N of this run's own checkpoints
+  std::string run_id;        // the run the checkpoints belong to (io/checkpoint_file.h): new, or the resumed one's
+  bool share_dir = false;    // --share-checkpoint-dir: other runs' checkpoints may lie in `dir`
   std::shared_ptr<const io::Checkpoint> resume;  // --resume, read and validated by the command
   std::string resume_path;
   std::string embeddings_cache;  // --embeddings-cache FILE.h5
@@ -38,8 +31,9 @@ struct CheckpointOptions {
 io::RawTensor to_raw(const at::Tensor& tensor);  // a CPU contiguous copy, kept alive by the record
 at::Tensor from_raw(const io::RawTensor& raw, const at::Device& device);
 
-// Called at each step boundary; writes a checkpoint every `every` steps and on a stop signal, and says
-// whether to stop. `last_path` is the newest checkpoint written.
+// Called at each step boundary; writes a checkpoint every `every` steps and on a stop request from any rank,
+// and says whether to stop. `last_path` is the newest checkpoint written. Files are named and rotated per
+// run (options.run_id): other runs' checkpoints in the folder are never replaced or removed.
 //
 // The loop pays only for copying the latents to the host: the file is written (HDF5, fsync, rename, fsync
 // of the directory) on a background thread while the next steps run. One write at a time: a checkpoint due

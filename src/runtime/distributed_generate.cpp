@@ -22,6 +22,7 @@
 #include "core/json_file.h"
 #include "core/log.h"
 #include "core/memory_stats.h"
+#include "core/output_policy.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
 #include "io/weight_index.h"
@@ -129,9 +130,7 @@ std::string describe_stages(const std::vector<placement::RankStage>& stages) {
 }
 
 std::string rank_report_path(const std::string& path, const World& world) {
-  if (world.size() == 1) return path;
-  const fs::path p(path);
-  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(world.rank()) + p.extension().string())).string();
+  return rank_file_path(path, world.rank(), world.size());  // core/output_policy.h: generate checks it at start
 }
 
 // --report: what this rank did in the denoising phase, per step, with its boundaries' traffic.

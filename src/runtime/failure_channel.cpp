@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "runtime/stop_request.h"
 #include "runtime/transport.h"
 
 namespace dp::runtime {
@@ -37,6 +38,8 @@ void report_failure_to_coordinator(int rank, const std::string& reason) {
 }
 
 void throw_if_a_rank_failed(int rank) {
+  // Every wait loop passes here: a stage rank's own stop signal goes to the coordinator from here (issue 21).
+  if (rank != 0) forward_stop_request(rank);
   if (rank != 0 || !mpi_running()) return;
   int flag = 0;
   MPI_Status status;

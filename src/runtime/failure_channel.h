@@ -7,7 +7,8 @@ namespace dp::runtime {
 
 // Best effort, bounded by a few seconds; a no-op on rank 0 and without MPI.
 void report_failure_to_coordinator(int rank, const std::string& reason);
-// On rank 0: throws RemoteFailure when a report has arrived. Elsewhere a no-op.
+// On rank 0: throws RemoteFailure when a report has arrived. Elsewhere it passes this rank's stop request, if
+// any, on to the coordinator (runtime/stop_request.h). Called from every wait loop.
 void throw_if_a_rank_failed(int rank);
 
 }  // namespace dp::runtime
