@@ -145,23 +145,20 @@ void check_distinct_paths(const std::vector<RunPath>& paths) {
 }
 
 std::string space_failure_text(int error_number, const std::string& directory) {
+  const std::string full = " (ENOSPC: the file system holding " + directory + " is full; free space or write elsewhere)";
   switch (error_number) {
     case ENOSPC:
-      return " (no space left on the device (ENOSPC): the file system holding " + directory +
-             " is full; free space or write elsewhere)";
+      return full;
     case EDQUOT:
-      return " (disk quota exceeded (EDQUOT) on the file system holding " + directory +
-             "; free space within the quota or write elsewhere)";
+      return " (EDQUOT: the disk quota on the file system holding " + directory +
+             " is used up; free space within the quota or write elsewhere)";
     case EFBIG:
-      return " (file too large (EFBIG): the process's file size limit (ulimit -f) or the file system's largest "
-             "file was reached)";
+      return " (EFBIG: the process's file size limit (ulimit -f) or the file system's largest file was reached)";
     default:
       break;
   }
   struct statvfs fs_info {};
-  if (::statvfs(directory.c_str(), &fs_info) == 0 && fs_info.f_blocks > 0 && fs_info.f_bavail == 0)
-    return " (no space left on the device (ENOSPC): the file system holding " + directory +
-           " is full; free space or write elsewhere)";
+  if (::statvfs(directory.c_str(), &fs_info) == 0 && fs_info.f_blocks > 0 && fs_info.f_bavail == 0) return full;
   return {};
 }
 

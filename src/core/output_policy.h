@@ -47,8 +47,8 @@ struct RunPath {
 // files with each other.
 void check_distinct_paths(const std::vector<RunPath>& paths);
 
-// " (no space left on the device (ENOSPC): the file system holding DIR is full; free space or write elsewhere)"
-// and the like for ENOSPC, EDQUOT and EFBIG; for other codes (and 0) the file system holding `directory` is
+// " (ENOSPC: the file system holding DIR is full; free space or write elsewhere)" and the like for ENOSPC,
+// EDQUOT and EFBIG; for other codes (and 0) the file system holding `directory` is
 // checked, and a full one is still named as ENOSPC (HDF5 and libpng do not always keep errno). Empty when the
 // failure had nothing to do with space.
 std::string space_failure_text(int error_number, const std::string& directory);

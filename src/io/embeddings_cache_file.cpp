@@ -71,21 +71,22 @@ void check_embeddings_cache_target(const std::string& path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) refuse("not an HDF5 file (a text file? a PNG?)");
   Handle h5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!h5.ok()) refuse("an HDF5 file that cannot be opened");
-  const int root_attributes = H5Aget_num_attrs(h5.get());
+  Handle top(H5Gopen2(h5.get(), "/", H5P_DEFAULT), H5Gclose);
+  const int root_attributes = top.ok() ? H5Aget_num_attrs(top.get()) : -1;
   if (root_attributes < 0) refuse("an HDF5 file whose root cannot be read");
-  if (H5Aexists(h5.get(), "format") > 0) {
-    const std::string format = Reader{path, h5.get()}.text("format");
+  if (H5Aexists(top.get(), "format") > 0) {
+    const std::string format = Reader{path, top.get()}.text("format");
     if (format == kEmbeddingsCacheFormatName) return;
     refuse(str("an HDF5 file of format '", format, "'"));
   }
   H5G_info_t root{};
-  const bool only_entries = H5Gget_info(h5.get(), &root) >= 0 && root.nlinks == 1 &&
-                            H5Lexists(h5.get(), "entries", H5P_DEFAULT) > 0 && root_attributes == 0;
+  const bool only_entries = H5Gget_info(top.get(), &root) >= 0 && root.nlinks == 1 &&
+                            H5Lexists(top.get(), "entries", H5P_DEFAULT) > 0 && root_attributes == 0;
   if (only_entries) return;  // written before the format attribute existed
   std::string names;
   for (hsize_t i = 0; i < root.nlinks && i < 4; ++i) {
     char name[64] = {};
-    if (H5Lget_name_by_idx(h5.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0)
+    if (H5Lget_name_by_idx(top.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0)
       names += str(names.empty() ? "" : ", ", name);
   }
   refuse(str("an HDF5 file holding ", names.empty() ? std::string("nothing") : names));

@@ -131,7 +131,7 @@ TEST(GenerateCommand, OutputPathsAreCheckedBeforeAnyWork) {
                           {"folder", "two-1.png"});
 }
 
-TEST(GenerateCommand, DevNullTakesTheOutputAndDevFullFailsClearly) {
+TEST(GenerateCommand, DevNullTakesTheOutputOtherDevicesAreRefusedAndAFullDiskIsNamed) {
   const std::string base = "--model " + tiny_pipe() + " --prompt cat" + kSmall;
   const auto dev_before = partial_files_in("/dev");
   const Timed null_run = generate(base + "--num-images-per-prompt 2 --out /dev/null");
@@ -142,16 +142,32 @@ TEST(GenerateCommand, DevNullTakesTheOutputAndDevFullFailsClearly) {
   EXPECT_TRUE(S_ISCHR(st.st_mode));
   EXPECT_FALSE(fs::exists("/dev/null-0.png"));
 
+  // Any other device is refused before the work (it used to be written after it: /dev/full said ENOSPC late).
   const auto tmp = dp::test::temp_dir("gen-devfull-tmp");
-  const Timed full_run = generate(base + "--out /dev/full", "TMPDIR=" + tmp + " ");
-  EXPECT_EQ(full_run.result.exit_code, 1) << full_run.result.output;
-  EXPECT_NE(full_run.result.output.find("/dev/full: write failed (" + std::string(std::strerror(ENOSPC))),
-            std::string::npos)
-      << full_run.result.output;
+  expect_refused_up_front(generate(base + "--out /dev/full", "TMPDIR=" + tmp + " "), "/dev/full: is a character device",
+                          tmp);
   ASSERT_EQ(::stat("/dev/full", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));
   EXPECT_EQ(partial_files_in("/dev"), dev_before);
-  EXPECT_TRUE(entries_of(tmp).empty());
+
+  // A real full disk: a tmpfs filled to the last byte, in a mount namespace of its own (it vanishes with the
+  // command). The run does all its work, and its write fails naming ENOSPC, leaving nothing. Where mounting is
+  // not allowed, a file size limit (ulimit -f) gives a real EFBIG instead.
+  const auto full = dp::test::temp_dir("gen-full");
+  const bool can_mount = dp::test::run_command("unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs " + full + "'").exit_code == 0;
+  const std::string command =
+      can_mount ? "unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs " + full + " || exit 99; dd if=/dev/zero of=" +
+                      full + "/filler bs=4k 2>/dev/null; " + dp::test::diffpipe_binary() + " generate " + base +
+                      " --output-type latent --out " + full + "/x.h5; code=$?; echo; ls -A " + full + "; exit $code'"
+                : "sh -c 'trap \"\" XFSZ; ulimit -f 1; exec " + dp::test::diffpipe_binary() + " generate " + base +
+                      " --output-type latent --out " + full + "/x.h5'";
+  SCOPED_TRACE(can_mount ? "a full 64 kB tmpfs" : "ulimit -f 1 (mounting a tmpfs is not allowed here)");
+  const auto result = dp::test::run_command(command);
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("x.h5"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find(can_mount ? "(ENOSPC: the file system holding " + full + " is full" : "(EFBIG: "), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find(".partial"), std::string::npos) << result.output;
+  EXPECT_TRUE(entries_of(full).empty());
 }
 
 TEST(GenerateCommand, SigtermDuringALongWriteLeavesNoPartialFile) {

@@ -128,6 +128,31 @@ TEST_F(RunConfigTest, AnUnknownKeyIsNamedWithTheFileAndTheLikelySpelling) {
             false);
 }
 
+// Issue 21: the README promised a spelling suggestion; only case and '_' were handled.
+TEST_F(RunConfigTest, AMisspeltKeyGetsTheNearestFlagByEditDistance) {
+  for (const auto& [typo, meant] : std::vector<std::pair<std::string, std::string>>{
+           {"stpes", "steps"}, {"sed", "seed"}, {"guidence", "guidance"}, {"devicemap", "device-map"},
+           {"Prompts", "prompt"}}) {
+    const auto message = error_of({"--config", write(typo + ".json", "{\"" + typo + "\": 1}")});
+    EXPECT_NE(message.find("unknown key '" + typo + "' (did you mean '" + meant + "'?"), std::string::npos) << message;
+  }
+  const auto far = error_of({"--config", write("far.json", R"({"resolution": 1})")});
+  EXPECT_EQ(far.find("did you mean"), std::string::npos) << far;
+}
+
+// Issue 21: a key given twice was accepted, the last one winning.
+TEST_F(RunConfigTest, AKeyGivenTwiceIsRefused) {
+  const auto path = write("twice.json", R"({"model": "/m", "steps": 4, "seed": 1, "steps": 50})");
+  const auto message = error_of({"--config", path});
+  EXPECT_NE(message.find(path + ": key 'steps' appears twice in the top-level object"), std::string::npos) << message;
+  const auto nested = error_of({"--config", write("nested.json", R"({"model": "/m", "x": {"a": 1, "a": 2}})")});
+  EXPECT_NE(nested.find("key 'a' appears twice in object 'x'"), std::string::npos) << nested;
+  // The same key in two different objects is no duplicate.
+  Command c;
+  c.parse({"--config", write("fine.json", R"({"model": "/m", "description": {"steps": 1}, "steps": 4})")});
+  EXPECT_EQ(c.o.steps, 4);
+}
+
 TEST_F(RunConfigTest, AWrongTypeIsNamedWithTheKeyAndTheFile) {
   struct Case {
     const char* json;

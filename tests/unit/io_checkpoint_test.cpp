@@ -1,6 +1,8 @@
-// Denoising checkpoints and the prompt-embedding cache (io/checkpoint_file.h, io/embeddings_cache_file.h):
-// round trips, refusal of corrupt, truncated and newer files with messages that say why, keep-last-N, and a
-// writer killed at random instants that never leaves a checkpoint the reader accepts and that is corrupt.
+// Denoising checkpoints and the prompt-embedding cache (io/checkpoint_file.h, io/checkpoint_dir.h,
+// io/embeddings_cache_file.h): round trips, refusal of corrupt, truncated and newer files with messages that say
+// why, version 1 files still read, a folder shared by runs (rotation and --resume per run, a foreign folder
+// refused), a cache that only overwrites a cache, and a writer killed at random instants that never leaves a
+// checkpoint the reader accepts and that is corrupt.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
 #include "io/embeddings_cache_file.h"
 #include "test_support.h"
@@ -34,9 +37,14 @@ std::vector<uint8_t> pattern(size_t n, uint32_t tag) {
   return bytes;
 }
 
-// A small valid checkpoint: 2 prompts x 2 images, `steps` steps, images at `tag % steps`.
-Checkpoint sample(uint32_t tag, int64_t tokens = 64, const std::string& dtype = "bf16") {
+constexpr const char* kRunA = "0123456789abcdef";
+constexpr const char* kRunB = "fedcba9876543210";
+
+// A small valid checkpoint of run `run_id`: 2 prompts x 2 images, `steps` steps, images at `tag % steps`.
+Checkpoint sample(uint32_t tag, int64_t tokens = 64, const std::string& dtype = "bf16",
+                  const std::string& run_id = kRunA) {
   Checkpoint c;
+  c.run_id = run_id;
   c.run.prompts = {"a cat", "a lighthouse at dusk"};
   c.run.num_images_per_prompt = 2;
   c.run.height = 64;
@@ -75,6 +83,7 @@ void expect_same(const Checkpoint& a, const Checkpoint& b) {
   EXPECT_EQ(a.sigmas, b.sigmas);
   EXPECT_EQ(a.timesteps, b.timesteps);
   EXPECT_EQ(a.model_fingerprint, b.model_fingerprint);
+  EXPECT_EQ(a.run_id, b.run_id);
   EXPECT_EQ(a.world_size, b.world_size);
   EXPECT_TRUE(same_bytes(a.latents, b.latents));
   EXPECT_TRUE(same_bytes(a.prompt_embeds, b.prompt_embeds));
@@ -97,6 +106,8 @@ TEST(Checkpoint, RoundTripsEveryField) {
     write_checkpoint(dir + "/a.h5", c);
     const Checkpoint back = read_checkpoint(dir + "/a.h5");
     expect_same(c, back);
+    EXPECT_EQ(back.format_version, 2);
+    EXPECT_EQ(back.request_fingerprint, request_fingerprint(c.run));
     EXPECT_EQ(back.steps_done(), 1);
     EXPECT_FALSE(back.finished());
   }
@@ -132,7 +143,7 @@ TEST(Checkpoint, RefusesCorruptTruncatedAndNewerFilesNamingWhy) {
   Checkpoint newer = sample(3);
   newer.format_version = kCheckpointFormatVersion + 1;
   write_checkpoint(dir + "/newer.h5", newer);
-  EXPECT_NE(error_of([&] { read_checkpoint(dir + "/newer.h5"); }).find("format version 2 was written by a newer diffpipe"),
+  EXPECT_NE(error_of([&] { read_checkpoint(dir + "/newer.h5"); }).find("format version 3 was written by a newer diffpipe"),
             std::string::npos);
 
   // Not a checkpoint at all.
@@ -157,23 +168,127 @@ TEST(Checkpoint, ComparesOnlyTheOptionsGivenAndNamesEachDifference) {
   EXPECT_EQ(d[2].field, "dtype");
 }
 
-TEST(Checkpoint, KeepsTheNewestNAndResumesFromTheNewestValid) {
-  const auto dir = dp::test::temp_dir("ckpt-keep");
-  for (int step = 1; step <= 5; ++step) {
-    write_checkpoint(dir + "/" + checkpoint_file_name(step), sample(static_cast<uint32_t>(step)));
-    prune_checkpoints(dir, 2);
+TEST(Checkpoint, Version1FilesWithoutARunIdAreStillRead) {
+  const auto dir = dp::test::temp_dir("ckpt-v1");
+  Checkpoint old = sample(2);
+  old.format_version = 1;
+  old.run_id.clear();
+  write_checkpoint(dir + "/old.h5", old);
+  const Checkpoint back = read_checkpoint(dir + "/old.h5");
+  EXPECT_EQ(back.format_version, 1);
+  EXPECT_EQ(back.run_id, "");
+  EXPECT_EQ(back.request_fingerprint, request_fingerprint(old.run));  // computed from its attributes
+  expect_same(old, back);
+  // A file an older diffpipe wrote (the fuzz corpus' seed, format version 1).
+  const Checkpoint corpus = read_checkpoint(dp::test::source_dir() + "/tests/fuzz/corpus/checkpoint/valid_fp32");
+  EXPECT_EQ(corpus.format_version, 1);
+  EXPECT_EQ(corpus.run_id, "");
+  // A run id is part of every newer file, and a request fingerprint that disagrees with the options is refused.
+  Checkpoint no_id = sample(2);
+  no_id.run_id = "not-hex";
+  EXPECT_NE(error_of([&] { write_checkpoint(dir + "/x.h5", no_id); }).find("needs a run id"), std::string::npos);
+}
+
+// A folder two runs (A, B) and an older diffpipe (version 1) wrote into, with a link planted under a checkpoint
+// name and the temporaries of killed writers.
+struct SharedFolder {
+  std::string dir = dp::test::temp_dir("ckpt-shared");
+  std::string victim = dp::test::temp_dir("ckpt-victim") + "/precious.txt";
+  SharedFolder() {
+    for (int step = 1; step <= 4; ++step) {
+      write_checkpoint(dir + "/" + checkpoint_file_name(step, kRunA), sample(static_cast<uint32_t>(step), 64, "bf16", kRunA));
+      Checkpoint b = sample(static_cast<uint32_t>(step) + 10, 64, "bf16", kRunB);
+      b.run.seed = 7;  // another request
+      write_checkpoint(dir + "/" + checkpoint_file_name(step, kRunB), b);
+    }
+    Checkpoint old = sample(3);
+    old.format_version = 1;
+    old.run_id.clear();
+    old.run.steps = 6;
+    old.run.prompts = {"an old prompt", "another"};
+    write_checkpoint(dir + "/checkpoint-step000005.h5", old);
+    dp::test::write_file(victim, "precious");
+    fs::create_symlink(victim, dir + "/" + checkpoint_file_name(9, kRunA));
+    dp::test::write_file(dir + "/.checkpoint-step000005-" + std::string(kRunA) + ".h5.abcdef.partial", "half");
+    dp::test::write_file(dir + "/.checkpoint-step000005-" + std::string(kRunB) + ".h5.abcdef.partial", "half");
+    dp::test::write_file(dir + "/notes.txt", "the user's");
   }
-  const auto kept = list_checkpoints(dir);
-  ASSERT_EQ(kept.size(), 2u);
-  EXPECT_EQ(fs::path(kept[0]).filename(), "checkpoint-step000004.h5");
-  EXPECT_EQ(fs::path(kept[1]).filename(), "checkpoint-step000005.h5");
-  EXPECT_EQ(newest_valid_checkpoint(dir), kept[1]);
-  // The newest damaged: the one before it.
-  const std::string bytes = dp::test::read_file(kept[1]);
-  dp::test::write_file(kept[1], bytes.substr(0, bytes.size() / 2));
-  EXPECT_EQ(newest_valid_checkpoint(dir), kept[0]);
-  dp::test::write_file(kept[0], "junk");
-  EXPECT_NE(error_of([&] { newest_valid_checkpoint(dir); }).find("no valid checkpoint"), std::string::npos);
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+TEST(CheckpointDir, RotationRemovesOnlyThisRunsOlderFiles) {
+  SharedFolder folder;
+  const auto removed = prune_run_checkpoints(folder.dir, kRunA, 2);
+  ASSERT_EQ(removed.size(), 3u);  // steps 1 and 2 of run A, and run A's temporary
+  const auto names = folder.names();
+  for (int step : {1, 2}) EXPECT_EQ(std::count(names.begin(), names.end(), checkpoint_file_name(step, kRunA)), 0);
+  for (int step : {3, 4}) EXPECT_EQ(std::count(names.begin(), names.end(), checkpoint_file_name(step, kRunA)), 1);
+  // Run B's files, the version 1 file, the link (and what it points at), B's temporary and the user's file.
+  for (int step = 1; step <= 4; ++step)
+    EXPECT_EQ(std::count(names.begin(), names.end(), checkpoint_file_name(step, kRunB)), 1) << step;
+  for (const std::string& kept : std::vector<std::string>{"checkpoint-step000005.h5", checkpoint_file_name(9, kRunA),
+                                                          "notes.txt", ".checkpoint-step000005-" + std::string(kRunB) +
+                                                                           ".h5.abcdef.partial"})
+    EXPECT_EQ(std::count(names.begin(), names.end(), kept), 1) << kept;
+  EXPECT_EQ(dp::test::read_file(folder.victim), "precious");
+  EXPECT_TRUE(fs::is_symlink(folder.dir + "/" + checkpoint_file_name(9, kRunA)));
+}
+
+TEST(CheckpointDir, ResumeTakesTheNewestValidCheckpointOfTheOneMatchingRun) {
+  SharedFolder folder;
+  ResumeRequest request;
+  request.model_fingerprint = "0123456789abcdef";
+  request.run = sample(0).run;
+  // Nothing given: runs A, B and the version 1 run all match; each is named.
+  std::string why = error_of([&] { select_resume_checkpoint(folder.dir, request); });
+  EXPECT_NE(why.find("holds checkpoints of 3 runs that this request matches"), std::string::npos) << why;
+  EXPECT_NE(why.find(std::string("run ") + kRunA + ": steps 1, 2, 3, 4"), std::string::npos) << why;
+  EXPECT_NE(why.find(std::string("run ") + kRunB), std::string::npos) << why;
+  EXPECT_NE(why.find("format version 1 (no run id)"), std::string::npos) << why;
+  // The seed and the prompts single run A out; the link under its name is never read.
+  request.given = {"seed", "prompts"};
+  EXPECT_EQ(select_resume_checkpoint(folder.dir, request), folder.dir + "/" + checkpoint_file_name(4, kRunA));
+  request.run.seed = 7;
+  EXPECT_EQ(select_resume_checkpoint(folder.dir, request), folder.dir + "/" + checkpoint_file_name(4, kRunB));
+  // Run A's newest damaged: its previous one, never run B's.
+  request.run.seed = sample(0).run.seed;
+  const std::string newest = folder.dir + "/" + checkpoint_file_name(4, kRunA);
+  const std::string bytes = dp::test::read_file(newest);
+  dp::test::write_file(newest, bytes.substr(0, bytes.size() / 2));
+  EXPECT_EQ(select_resume_checkpoint(folder.dir, request), folder.dir + "/" + checkpoint_file_name(3, kRunA));
+  // Another model: none of the runs matches, and each is named with what differs.
+  request.model_fingerprint = "ffffffffffffffff";
+  why = error_of([&] { select_resume_checkpoint(folder.dir, request); });
+  EXPECT_NE(why.find("none matches this request"), std::string::npos) << why;
+  EXPECT_NE(why.find("differs: another model"), std::string::npos) << why;
+  // One run alone is taken even when it differs: the caller's comparison names the difference.
+  const auto single = dp::test::temp_dir("ckpt-single");
+  write_checkpoint(single + "/" + checkpoint_file_name(2, kRunA), sample(2));
+  EXPECT_EQ(select_resume_checkpoint(single, request), single + "/" + checkpoint_file_name(2, kRunA));
+  const auto empty = dp::test::temp_dir("ckpt-empty");
+  EXPECT_NE(error_of([&] { select_resume_checkpoint(empty, request); }).find("no valid checkpoint"), std::string::npos);
+}
+
+TEST(CheckpointDir, AFolderHoldingAnotherRunsFilesIsRefusedUnlessShared) {
+  SharedFolder folder;
+  const std::string why = error_of([&] { check_checkpoint_dir_for_run(folder.dir, "1111111111111111", false); });
+  EXPECT_NE(why.find("holds checkpoints of another run"), std::string::npos) << why;
+  EXPECT_NE(why.find(std::string("run ") + kRunB), std::string::npos) << why;
+  EXPECT_NE(why.find("a symbolic link"), std::string::npos) << why;
+  EXPECT_NE(why.find("--share-checkpoint-dir"), std::string::npos) << why;
+  check_checkpoint_dir_for_run(folder.dir, "1111111111111111", true);
+  // Its own files (a resumed run), the user's files and temporaries do not count.
+  const auto own = dp::test::temp_dir("ckpt-own");
+  write_checkpoint(own + "/" + checkpoint_file_name(2, kRunA), sample(2));
+  dp::test::write_file(own + "/notes.txt", "x");
+  dp::test::write_file(own + "/.checkpoint-step000003-" + std::string(kRunB) + ".h5.abcdef.partial", "half");
+  check_checkpoint_dir_for_run(own, kRunA, false);
+  EXPECT_NE(error_of([&] { check_checkpoint_dir_for_run(own, kRunB, false); }).find("another run"), std::string::npos);
 }
 
 // The writer killed with SIGKILL at random instants, >= 200 times: every file a reader accepts, under the
@@ -190,7 +305,7 @@ TEST(Checkpoint, AWriterKilledAtRandomInstantsNeverLeavesAnAcceptedCorruptFile) 
       // Keeps rewriting the same checkpoint name with new contents (each tag different) until killed.
       for (uint32_t t = tag;; ++t) {
         try {
-          write_checkpoint(dir + "/" + checkpoint_file_name(1), sample(t, 512));
+          write_checkpoint(dir + "/" + checkpoint_file_name(1, kRunA), sample(t, 512));
         } catch (...) {
           ::_exit(3);
         }
@@ -223,10 +338,10 @@ TEST(Checkpoint, AWriterKilledAtRandomInstantsNeverLeavesAnAcceptedCorruptFile) 
   }
   std::cout << kills << " writers killed: " << accepted << " files accepted (all complete), " << refused
             << " partial temporaries refused\n";
-  // The next prune removes what killed writers left behind.
-  prune_checkpoints(dir, 1);
+  // The next prune removes what killed writers of this run left behind.
+  prune_run_checkpoints(dir, kRunA, 1);
   for (const auto& entry : fs::directory_iterator(dir))
-    EXPECT_EQ(entry.path().filename(), checkpoint_file_name(1)) << "left behind: " << entry.path();
+    EXPECT_EQ(entry.path().filename(), checkpoint_file_name(1, kRunA)) << "left behind: " << entry.path();
   EXPECT_GE(kills, 200);
   EXPECT_GT(accepted, 0);
 }
@@ -259,9 +374,32 @@ TEST(EmbeddingsCache, RoundTripsAndSkipsDamagedEntries) {
   EXPECT_NE(embedding_cache_key("p", 8, "fp32", "abc"), embedding_cache_key("p", 16, "fp32", "abc"));
   EXPECT_NE(embedding_cache_key("p", 8, "fp32", "abc"), embedding_cache_key("p", 8, "bf16", "abc"));
   EXPECT_NE(embedding_cache_key("p", 8, "fp32", "abc"), embedding_cache_key("p", 8, "fp32", "abd"));
-  // A damaged file is an empty cache, not an error.
-  dp::test::write_file(path, "junk");
-  EXPECT_TRUE(read_embeddings_cache(path).empty());
+  EXPECT_NO_THROW(check_embeddings_cache_target(path));
+}
+
+TEST(EmbeddingsCache, OnlyACacheIsEverOverwritten) {
+  const auto dir = dp::test::temp_dir("embcache-refuse");
+  const std::map<std::string, CachedEmbedding> none;
+  // A prompts file, an empty file, a checkpoint named by mistake: refused, left as they were.
+  dp::test::write_file(dir + "/prompts.txt", "a cat\n");
+  dp::test::write_file(dir + "/empty.h5", "");
+  write_checkpoint(dir + "/checkpoint.h5", sample(1));
+  const std::string checkpoint_bytes = dp::test::read_file(dir + "/checkpoint.h5");
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {"prompts.txt", "not an HDF5 file"}, {"empty.h5", "empty"}, {"checkpoint.h5", "format 'diffpipe-checkpoint'"}}) {
+    const std::string path = dir + "/" + name;
+    EXPECT_NE(error_of([&] { check_embeddings_cache_target(path); }).find(what), std::string::npos) << name;
+    EXPECT_NE(error_of([&] { write_embeddings_cache(path, none); }).find("not a diffpipe embeddings cache"),
+              std::string::npos) << name;
+    EXPECT_NE(error_of([&] { read_embeddings_cache(path); }).find("not a diffpipe embeddings cache"),
+              std::string::npos) << name;
+  }
+  EXPECT_EQ(dp::test::read_file(dir + "/prompts.txt"), "a cat\n");
+  EXPECT_EQ(dp::test::read_file(dir + "/checkpoint.h5"), checkpoint_bytes);
+  // A new file, and a cache diffpipe wrote, are fine.
+  write_embeddings_cache(dir + "/new.h5", none);
+  check_embeddings_cache_target(dir + "/new.h5");
+  write_embeddings_cache(dir + "/new.h5", none);
 }
 
 }  // namespace
