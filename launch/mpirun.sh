@@ -2,17 +2,22 @@
 # Starts `diffpipe generate` over MPI ranks with Open MPI's mpirun, one rank per GPU, after checking the launch
 # against the run config so that a wrong launch fails in milliseconds instead of after the weights load.
 #
-#   launch/mpirun.sh [-np N] [--hostfile FILE] [--dry-run] --config configs/X.json [generate flags ...]
+#   launch/mpirun.sh [-np N] [--hostfile FILE] [--dry-run] [--mpirun-arg ARG ...] --config configs/X.json
+#                    [generate flags ...]
 #
 #   -np N           ranks; default: the config's "ranks". A different -np than the config's is refused.
 #   --hostfile F    one line per node, "node1 slots=4" (slots = GPUs used on that node); without it, one node
 #                   (or, inside a SLURM allocation, the allocation's nodes).
 #   --dry-run       print the checks' results and the mpirun command, start nothing.
+#   --mpirun-arg A  one word passed to mpirun as it is (a path with spaces stays one word); repeat for several.
 #   everything else goes to `diffpipe generate` (flags there override the config's keys).
+# Every number read (-np, --ranks, the config's "ranks", hostfile slots, DIFFPIPE_NODE_GPUS,
+# DIFFPIPE_OOB_KEEPALIVE) is checked, and a bad one is refused with a message naming it.
 #
 # Environment:
 #   DIFFPIPE_BIN          the diffpipe executable (default: build/diffpipe of this checkout)
-#   DIFFPIPE_MPIRUN_ARGS  more mpirun options, word-split (e.g. "--mca plm_rsh_agent ./agent")
+#   DIFFPIPE_MPIRUN_ARGS  more mpirun options, split at spaces, never glob-expanded (e.g. "--mca plm_rsh_agent
+#                         ./agent"); for a word with spaces use --mpirun-arg
 #   DIFFPIPE_NET          the network MPI's TCP traffic uses between nodes: an interface (ib0, eth1) or a
 #                         CIDR (10.0.0.0/24); NCCL_SOCKET_IFNAME is used when this is unset
 #   DIFFPIPE_NODE_GPUS    GPUs per node, when nvidia-smi cannot tell (counted from CUDA_VISIBLE_DEVICES or
@@ -29,10 +34,11 @@ fail() {
 }
 
 np="" hostfile="" config="" dry_run=0 ranks_flag="" device_flag=""
-generate_args=()
+generate_args=() mpirun_words=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -np|-n|--np) [ $# -ge 2 ] || fail "$1 needs a number of ranks"; np=$2; shift 2 ;;
+    --mpirun-arg) [ $# -ge 2 ] || fail "--mpirun-arg needs a word for mpirun"; mpirun_words+=("$2"); shift 2 ;;
     --hostfile|-hostfile|--machinefile) [ $# -ge 2 ] || fail "$1 needs a file"; hostfile=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --config) [ $# -ge 2 ] || fail "--config needs a file"; config=$2; generate_args+=("$1" "$2"); shift 2 ;;
@@ -45,32 +51,26 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# A count: 1 to 999999, decimal digits only ("abc", "2.5", "99999999999999999999" and "" are not).
 is_count() { [[ $1 =~ ^[1-9][0-9]{0,5}$ ]]; }
-[ -z "$np" ] || is_count "$np" || fail "-np $np: expected a positive number of ranks"
+[ -z "$np" ] || is_count "$np" || fail "-np $np: expected a whole number of ranks from 1 to 999999"
+[ -z "$ranks_flag" ] || [ "$ranks_flag" = 0 ] || is_count "$ranks_flag" ||
+  fail "--ranks $ranks_flag: expected a whole number of ranks (0 for any)"
 
 # What the config asks for: its "ranks" and "device" (the command line's --ranks/--device override them, as
-# generate itself does). Read with Python's json: generate rejects a malformed config with the exact key.
+# generate itself does), type-checked by launch/config_fields.py as generate would check them.
 config_ranks="" config_device=""
 if [ -n "$config" ]; then
   [ -f "$config" ] || fail "--config $config: no such file (the run configs are in $here/configs)"
-  read -r config_ranks config_device < <(python3 - "$config" <<'EOF'
-import json, sys
-try:
-    doc = json.load(open(sys.argv[1]))
-except ValueError as e:
-    print(f"launch/mpirun.sh: error: {sys.argv[1]}: not valid JSON ({e})", file=sys.stderr)
-    print("! !")
-    sys.exit(0)
-ranks = doc.get("ranks", "-") if isinstance(doc, dict) else "-"
-device = doc.get("device", "-") if isinstance(doc, dict) else "-"
-print(ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else ("-" if ranks == "-" else "?"),
-      device if isinstance(device, str) and device else "-")
-EOF
-  )
-  [ "$config_ranks" != "!" ] || exit 2
-  [ "$config_ranks" != "?" ] || fail "$config: key \"ranks\": expected a positive integer"
-  [ "$config_ranks" != "-" ] || config_ranks=""
-  [ "$config_device" != "-" ] || config_device=""
+  fields_file=$(mktemp)
+  if ! python3 "$here/launch/config_fields.py" "$config" > "$fields_file" 2> "$fields_file.err"; then
+    message=$(cat "$fields_file.err")
+    rm -f "$fields_file" "$fields_file.err"
+    fail "$message"
+  fi
+  mapfile -d '' -t config_fields < "$fields_file"
+  rm -f "$fields_file" "$fields_file.err"
+  config_ranks=${config_fields[0]} config_device=${config_fields[1]}
 fi
 wanted_ranks=${ranks_flag:-$config_ranks}
 [ "$wanted_ranks" != 0 ] || wanted_ranks=""
@@ -91,17 +91,29 @@ nodes=1 ranks_per_node=$np
 if [ -n "$hostfile" ]; then
   [ -f "$hostfile" ] || fail "--hostfile $hostfile: no such file. Write one line per node, e.g." \
     "'node1 slots=4' and 'node2 slots=4' (slots = GPUs on the node), or leave --hostfile out to run on this node"
-  nodes=0 max_slots=0
-  while read -r host rest; do
+  nodes=0 max_slots=0 line_number=0
+  while read -r host rest || [ -n "$host" ]; do
+    line_number=$((line_number + 1))
     case "$host" in ''|'#'*) continue ;; esac
     nodes=$((nodes + 1))
-    slots=$(sed -n 's/.*slots=\([0-9]*\).*/\1/p' <<<"$rest")
-    slots=${slots:-1}
+    slots=1
+    read -r -a words <<<"$rest" || true
+    for word in "${words[@]}"; do
+      case "$word" in
+        '#'*) break ;;
+        slots=*|max_slots=*|max-slots=*)
+          value=${word#*=}
+          is_count "$value" || fail "--hostfile $hostfile line $line_number: $word: expected a whole number of" \
+            "slots from 1 to 999999 (the GPUs used on $host)"
+          case "$word" in slots=*) slots=$value ;; esac ;;
+      esac
+    done
     [ "$slots" -gt "$max_slots" ] && max_slots=$slots
   done < "$hostfile"
   [ "$nodes" -gt 0 ] || fail "--hostfile $hostfile names no node (one line per node: 'node1 slots=4')"
   ranks_per_node=$(( np < max_slots ? np : max_slots ))
 elif [ -n "${SLURM_JOB_ID:-}" ] && [ -n "${SLURM_NNODES:-}" ]; then
+  is_count "$SLURM_NNODES" || fail "SLURM_NNODES=$SLURM_NNODES: expected a whole number of nodes"
   nodes=$SLURM_NNODES
   ranks_per_node=$(( (np + nodes - 1) / nodes ))
 fi
@@ -110,6 +122,8 @@ fi
 # r % (visible GPUs), so ranks on one node never share a GPU when this holds.
 if [ "$device" = cuda ]; then
   if [ -n "${DIFFPIPE_NODE_GPUS:-}" ]; then
+    [[ $DIFFPIPE_NODE_GPUS =~ ^(0|[1-9][0-9]{0,5})$ ]] ||
+      fail "DIFFPIPE_NODE_GPUS=$DIFFPIPE_NODE_GPUS: expected a whole number of GPUs per node"
     gpus=$DIFFPIPE_NODE_GPUS gpu_source="DIFFPIPE_NODE_GPUS"
   elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
     gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .) gpu_source="CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
@@ -152,11 +166,17 @@ if [ -n "$net" ] && [[ $net != ^* ]]; then
 fi
 if [ "$nodes" -gt 1 ]; then
   IFS=, read -r ka_time ka_intvl ka_probes <<<"${DIFFPIPE_OOB_KEEPALIVE:-5,2,5}"
+  for value in "$ka_time" "$ka_intvl" "$ka_probes"; do
+    is_count "$value" || fail "DIFFPIPE_OOB_KEEPALIVE=${DIFFPIPE_OOB_KEEPALIVE:-}: expected three whole numbers" \
+      "\"time,interval,probes\" (seconds, seconds, count), e.g. 5,2,5"
+  done
   mpirun_args+=(--mca oob_tcp_keepalive_time "$ka_time" --mca oob_tcp_keepalive_intvl "$ka_intvl"
                 --mca oob_tcp_keepalive_probes "$ka_probes")
 fi
-# shellcheck disable=SC2206  # word splitting is the interface of DIFFPIPE_MPIRUN_ARGS
-extra=(${DIFFPIPE_MPIRUN_ARGS:-})
+# Split at white space, never glob-expanded: a "*" in DIFFPIPE_MPIRUN_ARGS reaches mpirun as "*".
+extra=()
+read -r -d '' -a extra <<<"${DIFFPIPE_MPIRUN_ARGS:-}" || true
+extra+=("${mpirun_words[@]}")
 
 echo "launch/mpirun.sh: $np rank(s) on $nodes node(s), $ranks_per_node per node, device $device," \
      "$OMP_NUM_THREADS thread(s) per rank${config:+, config $config}" >&2

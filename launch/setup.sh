@@ -16,7 +16,9 @@ if [ "${SKIP_APT:-0}" != 1 ]; then
     openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools libspdlog-dev libfmt-dev libgtest-dev
     nlohmann-json3-dev libcli11-dev libpng-dev libsentencepiece-dev zlib1g-dev python3-venv
     # cluster/: a real SLURM (cluster/slurm/test.sh) and namespace hosts (cluster/local/test.sh)
-    slurmctld slurmd slurm-client munge iproute2 util-linux procps)
+    slurmctld slurmd slurm-client munge iproute2 util-linux procps
+    # tests/cluster/shellcheck.sh: the launch and cluster scripts are linted in ctest
+    shellcheck)
   missing=()
   for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Several "hosts" on this machine, made of network namespaces: a namespace holding a bridge (the switch) and
 # per host a namespace with a veth into it, in a private subnet that exists only on those veths. Open MPI
 # reaches the hosts through an rsh agent that enters the host's namespace with its own hostname (UTS), so
@@ -59,6 +60,7 @@ netns_on() {
   shift
   # `ip netns exec` remounts /sys for the namespace, so slurmd (which needs /sys/fs/cgroup) runs under
   # nsenter instead; both give the same network.
+  # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
   nsenter --net="/run/netns/${netns_prefix}$host" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
 }
 

@@ -151,6 +151,7 @@ submit_wait() {
   local runner=$1 log=$2 code pid
   shift 2
   # -c 1: the scripts ask for 4 CPUs per rank, more than the test nodes declare for 2 ranks.
+  # shellcheck disable=SC2094  # sbatch only names the log for the job; its own errors are appended
   $runner sbatch --wait --parsable -c 1 -o "$log" "$@" > "$log.id" 2>>"$log" &
   pid=$!
   for _ in $(seq 1 $((job_bound * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -170,7 +171,7 @@ case_job() {  # name runner script sbatch-options...: a job that must succeed wi
   local out=$tmp/$name
   mkdir -p "$out"
   if ! OUT_DIR=$out GENERATE_ARGS="--out $out/latents.h5" submit_wait "$runner" "$out/job.log" "$@" "$here/cluster/slurm/$script"; then
-    failed "$name: the job failed: $(tail -8 "$out/job.log"; cat "$out"/logs/run0/rank0.log 2>/dev/null | tail -3)"
+    failed "$name: the job failed: $(tail -8 "$out/job.log"; tail -3 "$out"/logs/run0/rank0.log 2>/dev/null)"
     return 1
   fi
   if ! cmp -s <(latents_of "$tmp/reference.h5") <(latents_of "$out/latents.h5"); then
@@ -218,7 +219,7 @@ if wait_idle 1; then
   # Requeue: the preemption warning mid-run -> checkpoint (exit 75) -> scontrol requeue -> resume.
   # Long enough (1000 steps of 256x384, ~15 s) that the warning lands mid-run.
   steps=1000
-  long=(--steps $steps --height 256 --width 384)
+  long=(--steps "$steps" --height 256 --width 384)
   reference "$tmp/reference-long.h5" "${long[@]}" || failed "requeue: the uninterrupted run failed"
   out=$tmp/requeue
   mkdir -p "$out"

@@ -56,6 +56,60 @@ expect dry-run-takes-np-from-config 0 "mpirun -np 2 .*generate --config .*flux-d
   env DIFFPIPE_NODE_GPUS=2 "$mpirun_sh" --dry-run --config "$two" --model "$tmp/tiny"
 expect no-np-no-ranks 2 "give -np N" "$mpirun_sh" --config "$here/configs/tiny-demo.json" --model "$tmp/tiny"
 
+# Issue 21: every number the wrapper reads is checked, and configs are type-checked, with one clear line (no
+# raw bash or Python errors); user arguments are never glob-expanded; paths with spaces stay one word.
+printf 'n1 slots=99999999999999999999\n' > "$tmp/huge-slots"
+expect slots-huge 2 "--hostfile .*huge-slots line 1: slots=99999999999999999999: expected a whole number of slots" \
+  "$mpirun_sh" --dry-run -np 2 --hostfile "$tmp/huge-slots" --model "$tmp/tiny"
+printf '# nodes\nn1 slots=2\nn2 slots=abc\n' > "$tmp/abc-slots"
+expect slots-abc 2 "line 3: slots=abc: expected a whole number of slots" \
+  "$mpirun_sh" --dry-run -np 2 --hostfile "$tmp/abc-slots" --model "$tmp/tiny"
+expect np-abc 2 "-np abc: expected a whole number of ranks" "$mpirun_sh" --dry-run -np abc --model "$tmp/tiny"
+expect ranks-flag-huge 2 "--ranks 99999999999999999999: expected a whole number of ranks" \
+  "$mpirun_sh" --dry-run --ranks 99999999999999999999 --model "$tmp/tiny"
+expect node-gpus-abc 2 "DIFFPIPE_NODE_GPUS=abc: expected a whole number of GPUs" \
+  env DIFFPIPE_NODE_GPUS=abc "$mpirun_sh" --dry-run -np 1 --device cuda --model "$tmp/tiny"
+expect keepalive-bad 2 "DIFFPIPE_OOB_KEEPALIVE=5,x,5: expected three whole numbers" \
+  env DIFFPIPE_OOB_KEEPALIVE=5,x,5 "$mpirun_sh" --dry-run -np 2 --hostfile "$tmp/hosts" --model "$tmp/tiny"
+echo '{"ranks": 1e23}' > "$tmp/ranks-huge.json"
+expect config-ranks-1e23 2 "ranks-huge.json: key \"ranks\": expected a whole number of ranks .* got 1e\+23" \
+  "$mpirun_sh" --dry-run --config "$tmp/ranks-huge.json" --model "$tmp/tiny"
+echo '[{"ranks": 2}]' > "$tmp/array.json"
+expect config-array 2 "array.json: a run config is a JSON object .* got an array" \
+  "$mpirun_sh" --dry-run -np 2 --config "$tmp/array.json" --model "$tmp/tiny"
+echo '{"ranks": 2, "steps": 4, "ranks": 3}' > "$tmp/twice.json"
+expect config-key-twice 2 "twice.json: key \"ranks\" appears twice" \
+  "$mpirun_sh" --dry-run --config "$tmp/twice.json" --model "$tmp/tiny"
+expect generate-config-key-twice 1 "twice.json: key 'ranks' appears twice in the top-level object" \
+  "$bin" generate --config "$tmp/twice.json" --model "$tmp/tiny"
+# The SLURM job body reads configs the same way (run here without SLURM: it fails before any launch).
+expect job-config-array 2 "CONFIG=.*array.json: a run config is a JSON object" \
+  env LAUNCHER=srun CONFIG="$tmp/array.json" DIFFPIPE_HOME="$here" OUT_DIR="$tmp/job-array" bash "$here/cluster/slurm/job.sh"
+expect job-config-ranks-1e23 2 "key \"ranks\": expected a whole number of ranks" \
+  env LAUNCHER=srun CONFIG="$tmp/ranks-huge.json" DIFFPIPE_HOME="$here" OUT_DIR="$tmp/job-huge" bash "$here/cluster/slurm/job.sh"
+expect job-tasks-abc 2 "SLURM_NTASKS=abc: expected a whole number" \
+  env LAUNCHER=srun SLURM_NTASKS=abc DIFFPIPE_HOME="$here" OUT_DIR="$tmp/job-abc" bash "$here/cluster/slurm/job.sh"
+# A "*" in DIFFPIPE_MPIRUN_ARGS reaches mpirun as "*", however many files the folder holds.
+mkdir -p "$tmp/glob" && touch "$tmp/glob/a.txt" "$tmp/glob/b.txt"
+expect mpirun-args-no-glob 0 '--mca foo [\\][*] ' \
+  env -C "$tmp/glob" DIFFPIPE_MPIRUN_ARGS="--mca foo *" "$mpirun_sh" --dry-run -np 1 --model "$tmp/tiny"
+# The job body with the mpirun launcher (no SLURM needed for one task): OUT_DIR with a space holds the result,
+# named by the job, when neither the config nor GENERATE_ARGS gives an "out"; the submit folder stays empty;
+# a "*" in GENERATE_ARGS is one prompt, not the folder's file names.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d.pop("out"); d["steps"] = 1; json.dump(d, open(sys.argv[2], "w"))' \
+  "$here/configs/tiny-demo.json" "$tmp/no-out.json"
+mkdir -p "$tmp/submit" && touch "$tmp/submit/x.txt" "$tmp/submit/y.txt"
+expect job-out-dir-with-space 0 "wrote $tmp/out dir/diffpipe-local.h5" \
+  env -C "$tmp/submit" LAUNCHER=mpirun CONFIG="$tmp/no-out.json" MODEL="$tmp/tiny" OUT_DIR="$tmp/out dir" \
+  DIFFPIPE_HOME="$here" GENERATE_ARGS="--prompt *" bash "$here/cluster/slurm/job.sh"
+if [ -f "$tmp/out dir/diffpipe-local.h5" ] && [ "$(ls -A "$tmp/submit")" = "$(printf 'x.txt\ny.txt')" ] &&
+   grep -q "generate: 1 prompt(s)" "$tmp/out dir/logs/run0"/*/rank.0/stderr; then
+  say "PASS job-out-dir-contents: the result in OUT_DIR, the submit folder untouched, '*' one prompt"
+else
+  say "FAIL job-out-dir-contents: $(find "$tmp/out dir" "$tmp/submit" -maxdepth 1 2>&1 | tr '\n' ' ')"
+  failures=$((failures + 1))
+fi
+
 # generate's own check of the config's world size, on every rank, before the model folder is opened.
 sed 's/"device": "cpu"/"ranks": 3, "device": "cpu"/' "$here/configs/tiny-demo.json" > "$tmp/three.json"
 expect generate-wrong-world nonzero "three.json \(key \"ranks\"\\) needs 3 rank\(s\), but the MPI world has 2: start it with .mpirun -np 3" \

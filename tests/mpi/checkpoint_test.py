@@ -7,6 +7,9 @@ Cases:
                   SIGUSR1 (from mpirun with N ranks, to the process with 1), must exit 75 having written a
                   checkpoint of step k; --resume DIR then gives final latents bit-identical to an uninterrupted run.
   signal-rank0    as signal, with SIGUSR1 sent to rank 0's process only (N ranks).
+  signal-worker   as signal, with SIGTERM and then (another run) SIGUSR1 sent to the last rank's process only
+                  (N ranks): every rank exits 75 with the checkpoint written (a worker's signal used to be
+                  swallowed: no checkpoint, exit 0).
   sigterm         as signal with SIGTERM (1 rank).
   killed          --checkpoint-every 1; at step k a rank is killed with SIGKILL; the job ends non-zero, and
                   --resume DIR (its newest checkpoint, step k) gives the bit-identical result.
@@ -16,7 +19,12 @@ Cases:
   layout          h5py reads a checkpoint without diffpipe and finds the layout README.md documents; h5dump too;
                   `diffpipe inspect --checkpoint` prints it.
   embeddings      --embeddings-cache: a cold run and a warm run give latents bit-identical to a run without it,
-                  and the warm run does not run CLIP or T5.
+                  and the warm run does not run CLIP or T5; a cache written before the format attribute is still
+                  taken as a cache.
+  shared-dir      a reused --checkpoint-dir (issue 21, case 1): run A leaves checkpoints; run B into the same
+                  folder is refused, then with --share-checkpoint-dir is stopped by a signal; A's files are intact,
+                  B's rotation removed only B's; --resume DIR with B's prompt resumes B (bit-identical to an
+                  uninterrupted B), and without options names both runs and refuses.
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
 import argparse
@@ -38,6 +46,16 @@ from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, ran
 STEPS = 4
 EXIT_STOPPED = 75
 STEP_OF = {"first": 1, "middle": 2, "last": STEPS}
+
+
+def step_file(ckdir, k):
+    """The checkpoint of step k in ckdir (checkpoint-stepNNNNNN-RUNID.h5), or None."""
+    found = sorted(ckdir.glob(f"checkpoint-step{k:06d}-*.h5"))
+    return found[0] if len(found) == 1 else None
+
+
+def step_of(name):
+    return int(name[len("checkpoint-step"):len("checkpoint-step") + 6])
 
 
 def launcher(ranks):
@@ -101,11 +119,12 @@ def stop_by_signal(binary, model, tmp, ranks, k, sig, target):
     command = launcher(ranks) + [binary] + args_for(model, out, ["--checkpoint-dir", str(ckdir)])
 
     def send(job):
-        if target == "rank0" and ranks > 1:
-            pids = rank_pids(0, str(ckdir))
+        if target in ("rank0", "worker") and ranks > 1:
+            rank = 0 if target == "rank0" else ranks - 1
+            pids = rank_pids(rank, str(ckdir))
             if not pids:
                 job.kill()
-                fail("could not find rank 0's process")
+                fail(f"could not find rank {rank}'s process")
             for pid in pids:
                 os.kill(pid, sig)
         else:
@@ -118,9 +137,10 @@ def stop_by_signal(binary, model, tmp, ranks, k, sig, target):
     if out.exists():
         fail(f"{what}: a stopped run wrote its output")
     names = sorted(p.name for p in ckdir.glob("checkpoint-step*.h5"))
-    if f"checkpoint-step{k:06d}.h5" not in names:
+    found = step_file(ckdir, k)
+    if found is None:
         fail(f"{what}: no checkpoint of step {k} (found {names}):\n{output}")
-    with h5py.File(ckdir / f"checkpoint-step{k:06d}.h5", "r") as f:
+    with h5py.File(found, "r") as f:
         steps = np.asarray(f["image_steps"])
         if steps.min() != k:
             fail(f"{what}: the checkpoint's slowest image is at step {steps.min()}, expected {k}")
@@ -135,6 +155,13 @@ def case_signal(binary, model, tmp, ranks, at):
 
 def case_signal_rank0(binary, model, tmp, ranks, at):
     stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "rank0")
+
+
+def case_signal_worker(binary, model, tmp, ranks, at):
+    if ranks < 2:
+        fail("signal-worker needs several ranks")
+    stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGTERM, "worker")
+    stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "worker")
 
 
 def case_sigterm(binary, model, tmp, ranks, at):
@@ -170,8 +197,8 @@ def case_killed(binary, model, tmp, ranks, at):
     # --checkpoint-every 1 wrote steps 1..k (the last step is not checkpointed: the run finishes it), kept 2.
     # mpirun ends the other ranks of a job that lost one with SIGTERM, on which rank 0 checkpoints the state it
     # holds (step k) if it can: the newest is then step k itself.
-    newest = {f"checkpoint-step{min(k, STEPS - 1):06d}.h5", f"checkpoint-step{k:06d}.h5"}
-    if not names or names[-1] not in newest or len(names) > 2:
+    newest = {min(k, STEPS - 1), k}
+    if not names or step_of(names[-1]) not in newest or len(names) > 2:
         fail(f"{what}: checkpoints {names}, expected the newest two, the newest one of {sorted(newest)}:\n{output}")
     print(f"{what}: exit {code}; checkpoints left {names}")
     resume_and_compare(binary, model, tmp, ckdir, ranks, expected, what)
@@ -202,7 +229,7 @@ def one_checkpoint(binary, model, tmp, k=2):
             "--checkpoint-dir", str(ckdir), "--checkpoint-every", str(k), "--keep-checkpoints", "1"]))
         if code != 0:
             fail(f"a run with --checkpoint-every {k} exited {code}:\n{output}")
-    return ckdir / f"checkpoint-step{k:06d}.h5"
+    return step_file(ckdir, k)
 
 
 def case_refused(binary, model, tmp, ranks, at):
@@ -267,7 +294,10 @@ def case_layout(binary, model, tmp, ranks, at):
             ([p.decode() for p in f["prompts"][...]] == PROMPTS, "the prompts"),
             (f["prompt_embeds"].shape[:2] == (images, 32), "prompt_embeds (B, max_sequence_length, D)"),
             (f["pooled_prompt_embeds"].shape[0] == images, "pooled_prompt_embeds (B, D)"),
-            (f.attrs["format"] == b"diffpipe-checkpoint" and f.attrs["format_version"] == 1, "format and version"),
+            (f.attrs["format"] == b"diffpipe-checkpoint" and f.attrs["format_version"] == 2, "format and version"),
+            (len(f.attrs["run_id"]) == 16 and path.name.endswith(f"-{f.attrs['run_id'].decode()}.h5"),
+             "the run id, also in the file name"),
+            (len(f.attrs["request_fingerprint"]) == 16, "the request fingerprint"),
             (f.attrs["steps"] == STEPS and f.attrs["height"] == 64 and f.attrs["width"] == 96, "steps, height, width"),
             (f.attrs["seed"] == b"7" and f.attrs["dtype"] == b"fp32" and f.attrs["guidance"] == 3.5, "seed, dtype, guidance"),
             (f.attrs["world_size"] == 1 and len(f.attrs["model_fingerprint"]) > 0, "world size and model fingerprint"),
@@ -305,11 +335,70 @@ def case_embeddings(binary, model, tmp, ranks, at):
         if not np.array_equal(got, expected):
             fail(f"{run_name} cache run: latents differ from the run without a cache")
         print(f"embeddings cache, {run_name}: '{must}', latents bit-identical")
+    # A cache an older diffpipe wrote (no format attribute, only /entries) is still recognised as a cache.
+    with h5py.File(cache, "r+") as f:
+        del f.attrs["format"]
+    code, output, _ = run(launcher(ranks) + [binary] + args_for(model, tmp / "old-cache.h5", ["--embeddings-cache", str(cache)]))
+    if code != 0 or "CLIP and T5 not run" not in output:
+        fail(f"a cache without the format attribute was not taken as a cache (exit {code}):\n{output}")
+    print("embeddings cache written before the format attribute: still a cache")
 
 
-CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "sigterm": case_sigterm, "killed": case_killed,
-         "world-size": case_world_size, "refused": case_refused, "layout": case_layout,
-         "embeddings": case_embeddings}
+def case_shared_dir(binary, model, tmp, ranks, at):
+    """Issue 21, case 1: run A (6 steps, every 2) and run B (other prompts, stopped at step 2) in one folder."""
+    ckdir = tmp / "ck-shared"
+    a_args = ["--prompt", "run A's prompt", "--steps", "6", "--checkpoint-dir", str(ckdir), "--checkpoint-every", "2"]
+    code, output, _ = run([binary] + generate_args(model, tmp / "a.h5", a_args))
+    if code != 0:
+        fail(f"run A exited {code}:\n{output}")
+    a_files = {p.name: p.read_bytes() for p in ckdir.glob("checkpoint-step*.h5")}
+    if sorted(step_of(n) for n in a_files) != [2, 4]:
+        fail(f"run A left {sorted(a_files)}, expected steps 2 and 4")
+    b_prompts = ["--prompt", "run B's prompt"]
+    b_opts = b_prompts + ["--steps", "5", "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1", "--keep-checkpoints", "1"]
+    # generate_args adds PROMPTS after each run's own first prompt: A's and B's prompt lists differ in the first.
+    code, output, _ = run([binary] + generate_args(model, tmp / "b.h5", b_opts))
+    if code == 0 or "holds checkpoints of another run" not in output or "--share-checkpoint-dir" not in output:
+        fail(f"run B into run A's folder: exit {code}, expected a refusal naming run A:\n{output}")
+    print("run B into run A's checkpoint folder: refused, naming run A and --share-checkpoint-dir")
+    expected_b = tmp / "b-reference.h5"
+    code, output, _ = run([binary] + generate_args(model, expected_b, b_prompts + ["--steps", "5"]))
+    if code != 0:
+        fail(f"uninterrupted run B exited {code}:\n{output}")
+    env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP="3")
+    command = launcher(ranks) + [binary] + generate_args(model, tmp / "b.h5", b_opts) + ["--share-checkpoint-dir"]
+    code, output = run_until_held(command, env, lambda job: job.send_signal(signal.SIGUSR1), "run B sharing the folder")
+    if code != EXIT_STOPPED:
+        fail(f"run B stopped by SIGUSR1: exit {code}:\n{output}")
+    now = {p.name: p.read_bytes() for p in ckdir.glob("checkpoint-step*.h5")}
+    for name, data in a_files.items():
+        if now.get(name) != data:
+            fail(f"run B changed or removed run A's {name}")
+    b_files = sorted(set(now) - set(a_files))
+    removed = [line for line in output.splitlines() if "checkpoint rotation: removed" in line]
+    if [step_of(n) for n in b_files] != [3] or len(removed) != 2:
+        fail(f"run B kept {b_files} and logged {len(removed)} removal(s); expected its step 3 only, 2 removals:\n{output}")
+    print(f"run B (shared folder, stopped at step 3): run A's files intact; B keeps {b_files[0]}; "
+          f"{len(removed)} removals logged")
+    resume = launcher(ranks) + [binary, "generate", "--model", str(model), "--resume", str(ckdir), "--output-type",
+                                "latent", "--out", str(tmp / "r.h5")]
+    code, output, _ = run(resume)
+    if code == 0 or "holds checkpoints of 2 runs that this request matches" not in output \
+            or "run A's prompt" not in output or "run B's prompt" not in output:
+        fail(f"--resume DIR without options: exit {code}, expected a refusal naming both runs:\n{output}")
+    print("--resume DIR without options: refused, naming both runs")
+    b_all_prompts = ["--prompt", "run B's prompt"] + [w for p in PROMPTS for w in ("--prompt", p)]
+    code, output, _ = run(resume[:-4] + b_all_prompts + ["--output-type", "latent", "--out", str(tmp / "r.h5")])
+    if code != 0 or b_files[0] not in output:
+        fail(f"--resume DIR with B's prompt: exit {code}, expected B's checkpoint:\n{output}")
+    if not np.array_equal(latents(tmp / "r.h5"), latents(expected_b)):
+        fail("run B resumed from the shared folder differs from an uninterrupted run B")
+    print("--resume DIR --prompt B: resumed run B, bit-identical to an uninterrupted run B")
+
+
+CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "signal-worker": case_signal_worker,
+         "sigterm": case_sigterm, "killed": case_killed, "world-size": case_world_size, "refused": case_refused,
+         "layout": case_layout, "embeddings": case_embeddings, "shared-dir": case_shared_dir}
 
 
 def main():
