@@ -4,6 +4,9 @@
 #     srun            CONFIG=tiny-demo sbatch cluster/slurm/generate.sbatch -n 2: exit 0, latents bit-identical
 #                     to one process
 #     mpirun          the same through cluster/slurm/generate-mpirun.sbatch
+#     out-dir         both scripts with no --out anywhere and an OUT_DIR with a space: the result is
+#                     OUT_DIR/diffpipe-JOBID.h5 (or the config's relative "out" inside OUT_DIR), nothing lands in
+#                     the submit folder, and two jobs never share an output
 #     wrong-ranks     a config for 3 ranks in a 2-task job: the job ends at once with exit 2 and a fix-it line
 #     no-pmix         srun --mpi=none: generate fails fast naming --mpi=pmix
 #     requeue         a job warned of preemption (SIGUSR1 to the batch shell, as --signal=B:USR1@ delivers it)
@@ -181,6 +184,31 @@ case_job() {  # name runner script sbatch-options...: a job that must succeed wi
   pass "$name: job $(cat "$out/job.log.id") exit 0, latents bit-identical to one process"
 }
 
+# The sbatch scripts as a user submits them, without --out: outputs must land inside OUT_DIR (a path with a
+# space), named by the job where the config has no "out", and never in the submit folder (issue 21, case 3).
+case_out_dir() {  # name script config expected-name(JOBID replaced) sbatch-options...
+  local name=$1 script=$2 config=$3 expected=$4
+  shift 4
+  local out="$tmp/$name/out dir" submit=$tmp/$name/submit job
+  mkdir -p "$out" "$submit"
+  if ! (cd "$submit" && CONFIG=$config OUT_DIR=$out GENERATE_ARGS="" \
+        submit_wait "" "$tmp/$name/job.log" "$@" "$here/cluster/slurm/$script"); then
+    failed "$name: the job failed: $(tail -8 "$tmp/$name/job.log")"
+    return 1
+  fi
+  job=$(head -1 "$tmp/$name/job.log.id")
+  expected=${expected//JOBID/$job}
+  if [ ! -f "$out/$expected" ]; then
+    failed "$name: no $expected in OUT_DIR ($(find "$out" -maxdepth 1 | tr '\n' ' '))"
+  elif [ -n "$(find "$submit" -mindepth 1)" ]; then
+    failed "$name: the job wrote into the submit folder: $(find "$submit" -mindepth 1 | tr '\n' ' ')"
+  elif ! cmp -s <(latents_of "$tmp/reference.h5") <(latents_of "$out/$expected"); then
+    failed "$name: the job's latents differ from one process"
+  else
+    pass "$name: job $job wrote OUT_DIR/$expected (OUT_DIR with a space), nothing in the submit folder"
+  fi
+}
+
 ###### Phase 1: one node on loopback
 one=$tmp/one
 node=$(hostname -s)
@@ -193,6 +221,10 @@ daemon_pids+=($!)
 if wait_idle 1; then
   case_job srun "" generate.sbatch -n 2
   case_job mpirun "" generate-mpirun.sbatch -n 2
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d.pop("out"); json.dump(d, open(sys.argv[2], "w"))' \
+    "$CONFIG" "$tmp/no-out.json"
+  case_out_dir out-dir-srun generate.sbatch "$tmp/no-out.json" diffpipe-JOBID.h5 -n 2
+  case_out_dir out-dir-mpirun generate-mpirun.sbatch "$CONFIG" tiny-demo.h5 -n 2
 
   # A config's world size against the job's: fails in the job script, before any rank starts.
   sed 's/"device": "cpu"/"ranks": 3, "device": "cpu"/' "$CONFIG" > "$tmp/three-ranks.json"

@@ -342,6 +342,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
     paths.world_size = world.size();
     check_generate_paths(paths);
   }
+  if (world.is_coordinator() && checkpoints.resume && !checkpoints.embeddings_cache.empty())
+    DP_INFO("--embeddings-cache ", checkpoints.embeddings_cache, ": not used (--resume takes the prompt embeddings "
+            "from the checkpoint)");
   if (world.is_coordinator() && !checkpoints.dir.empty()) {
     const auto& resumed = checkpoints.resume;
     DP_INFO("checkpoints: run ", checkpoints.run_id, " in ", checkpoints.dir,

@@ -39,31 +39,21 @@ spdlog::level::level_enum to_spdlog(Level level) {
 class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
   StderrSink() : colors_(::isatty(STDERR_FILENO) == 1) {}
+  // At exit (after MPI_Finalize, once mpirun reads again) a stall that no later line ended is still reported.
+  ~StderrSink() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (dropped_ > 0) write_dropped_notice(spdlog::log_clock::now(), "diffpipe", kGraceMilliseconds);
+  }
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t formatted;
     formatter_->format(msg, formatted);
     std::string line = colored(msg, formatted);
-    if (dropped_ > 0) {
-      // A stall: nothing is waited for until a line goes through again.
-      if (!writable(0)) {
-        ++dropped_;
-        return;
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stalled_at_).count();
-      char text[200];
-      std::snprintf(text, sizeof text,
-                    "%llu log line(s) dropped: stderr took nothing for %.1f s (a stopped or stalled reader); the "
-                    "run went on",
-                    static_cast<unsigned long long>(dropped_), seconds);
-      spdlog::details::log_msg notice(msg.time, spdlog::source_loc{}, msg.logger_name, spdlog::level::warn, text);
-      spdlog::memory_buf_t notice_text;
-      formatter_->format(notice, notice_text);
-      const std::string prefix = cut_line_ ? "\n" : "";
-      dropped_ = 0;
-      cut_line_ = false;
-      if (!write_all(prefix + std::string(notice_text.data(), notice_text.size()), 0)) return;
+    // A stall: nothing is waited for until a line goes through again, which the notice precedes.
+    if (dropped_ > 0 && !write_dropped_notice(msg.time, msg.logger_name, 0)) {
+      ++dropped_;
+      return;
     }
     if (!write_all(line, kGraceMilliseconds)) {
       if (dropped_ == 0) stalled_at_ = std::chrono::steady_clock::now();
@@ -91,6 +81,26 @@ class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
     text.insert(msg.color_range_end, "\033[m");
     text.insert(msg.color_range_start, code);
     return text;
+  }
+
+  // "N log line(s) dropped ..." as a warning line of the usual pattern; false (nothing written) while stderr
+  // still takes nothing.
+  bool write_dropped_notice(spdlog::log_clock::time_point time, spdlog::string_view_t logger_name, int wait) {
+    if (!writable(wait)) return false;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stalled_at_).count();
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "%llu log line(s) dropped: stderr took nothing for %.1f s (a stopped or stalled reader); the run "
+                  "went on",
+                  static_cast<unsigned long long>(dropped_), seconds);
+    spdlog::details::log_msg notice(time, spdlog::source_loc{}, logger_name, spdlog::level::warn, text);
+    spdlog::memory_buf_t notice_text;
+    formatter_->format(notice, notice_text);
+    const std::string prefix = cut_line_ ? "\n" : "";
+    dropped_ = 0;
+    cut_line_ = false;
+    write_all(prefix + std::string(notice_text.data(), notice_text.size()), 0);
+    return true;
   }
 
   static bool writable(int wait_milliseconds) {
