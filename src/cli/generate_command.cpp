@@ -563,8 +563,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       "has free. Files are written whole (a temporary renamed over the name) or not at all; a full disk is\n"
       "named (ENOSPC, EDQUOT).\n\n"
       "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM (to any\n"
-      "rank) after writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun\n"
-      "exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
+      "rank) after writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open\n"
+      "MPI's mpirun exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
 });
 
 }  // namespace
