@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
+#include "core/output_policy.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
 #include "pipeline/latent_layout.h"
@@ -148,6 +149,14 @@ void run_graphed(const ForwardOptions& o, const std::vector<models::FluxTransfor
 void run_forward(const ForwardOptions& o) {
   c10::InferenceMode guard;
   if (o.threads > 0) at::set_num_threads(o.threads);
+  // Checked before the weights load, as generate checks its outputs (core/output_policy.h).
+  if (!o.save.empty()) {
+    try {
+      check_output_path(o.save);
+    } catch (const Error& e) {
+      throw Error(str("--save ", e.what()), e.file(), e.line());
+    }
+  }
   const at::ScalarType dtype = io::parse_run_scalar_type(o.dtype);
   const at::Device device = usable_device(o.device);
   const std::string dir = transformer_dir(o.model);

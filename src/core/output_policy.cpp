@@ -132,11 +132,11 @@ void check_distinct_paths(const std::vector<RunPath>& paths) {
                  ": give them different paths");
         continue;
       }
-      // A folder against anything written: nothing the run writes may land inside a folder it reads.
-      if (b_folder && !a_folder) std::swap(a, b);
-      const auto folder_use = a->use->use;
+      // A folder the run reads against anything it writes: nothing may land inside it. (Writing beside the
+      // checkpoints of an output folder is fine.)
+      if (ub == RunPath::Use::input_folder) std::swap(a, b);
+      if (a->use->use != RunPath::Use::input_folder) continue;
       const auto other_use = b->use->use;
-      if (folder_use != RunPath::Use::input_folder) continue;  // writing beside checkpoints is fine
       if (!is_output(other_use) && other_use != RunPath::Use::output_folder) continue;
       DP_CHECK(!inside(b->where, a->where) && !same, named(*b->use), " is inside ", named(*a->use),
                " (", b->where, "); diffpipe never writes into a folder it reads: choose a path outside it");

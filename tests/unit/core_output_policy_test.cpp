@@ -161,6 +161,9 @@ TEST(OutputPolicy, CollidingPathsAreRefusedNamingBothOptions) {
   EXPECT_MESSAGE(([&] { check_distinct_paths({{"--model", dir + "/model", Use::input_folder},
                                               {"--checkpoint-dir", dir + "/model", Use::output_folder}}); }),
                  "never writes into a folder it reads");
+  EXPECT_MESSAGE(([&] { check_distinct_paths({{"--checkpoint-dir", dir + "/model/ck", Use::output_folder},
+                                              {"--model", dir + "/model", Use::input_folder}}); }),
+                 "--checkpoint-dir " + dir + "/model/ck is inside --model");
   EXPECT_MESSAGE(([&] { check_distinct_paths({{"--resume", dir + "/ck/step.h5", Use::input},
                                               {"--out", dir + "/ck/step.h5", Use::output}}); }),
                  "the run would overwrite what it reads");
