@@ -165,6 +165,9 @@ TEST(MeshSimulator, ARankDoesItsShareOfTheBlocksFlops) {
   const auto dev = models::FluxConfig::flux_dev();
   const double d = 3072, length = 4608;
   const double attention = 4 * length * length * d;
+  // K = 1 is the one-GPU count stage_timing always made: 24 d^2 per token, 4 L^2 d, the modulation on temb.
+  EXPECT_DOUBLE_EQ(double_block_flops(dev, 1024, 1024, 512), 24 * d * d * length + attention + 2 * 12 * d * d);
+  EXPECT_DOUBLE_EQ(single_block_flops(dev, 1024, 1024, 512, 1), 24 * d * d * length + attention + 2 * 3 * d * d);
   using BlockFlops = double (*)(const models::FluxConfig&, int64_t, int64_t, int64_t, int);
   const std::vector<std::pair<double, BlockFlops>> kinds = {{2 * 12 * d * d, &double_block_flops},
                                                              {2 * 3 * d * d, &single_block_flops}};
