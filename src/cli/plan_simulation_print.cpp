@@ -170,7 +170,7 @@ void print_mesh_sweep(const nlohmann::ordered_json& sweep) {
   const auto& link = sweep["link"];
   char line[512];
   std::snprintf(line, sizeof(line),
-                "\nsimulated meshes of %d GPUs of %s each: S pipeline stage groups x K sequence-parallel ranks "
+                "\nsimulated meshes of %d GPU(s) of %s each: S pipeline stage groups x K sequence-parallel ranks "
                 "(Ulysses)\n  %d steps at %s; latency: 1 prompt (%lld image(s)); throughput: %lld prompt(s) "
                 "(%lld image(s)), efficiency = images/s / (%d x one GPU's)\n  link %s: %.1f GB/s and %.1f us; a "
                 "sequence group inside a node of %d GPUs all-to-alls over it, across nodes over ib\n",

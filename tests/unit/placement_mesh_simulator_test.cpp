@@ -380,7 +380,7 @@ TEST(PlanMesh, SweepMarksTheBestMeshWithinTheMemory) {
   // The table.
   result = plan("--world-size 4 --gpu-memory 16GB --simulate-sweep");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_NE(result.output.find("simulated meshes of 4 GPUs of 16.00 GB each"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("simulated meshes of 4 GPU(s) of 16.00 GB each"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("<- best latency"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("<- best throughput"), std::string::npos) << result.output;
 }
