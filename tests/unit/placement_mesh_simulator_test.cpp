@@ -345,6 +345,22 @@ TEST(PlanMesh, SimulateTwoStageGroupsOfTwo) {
   EXPECT_LE(run["efficiency"].get<double>(), 1.0);
   EXPECT_GT(run["efficiency"].get<double>(), 0.8);
 
+  // Measured rank times (--stage-ms) are compared with one GPU scaled as much from the plan: a rank twice as
+  // fast as planned meets a GPU twice as fast.
+  const auto planned_ms = map["stage_ms"].get<std::vector<double>>();
+  const std::string halved = std::to_string(planned_ms[0] / 2) + "," + std::to_string(planned_ms[1] / 2);
+  const std::string no_euler = "--world-size 4 --sequence-parallel 2 --device-map pipeline --simulate --prompts 4 "
+                               "--euler-ms 0 --json 2>/dev/null";
+  result = plan(no_euler);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto planned = nlohmann::json::parse(result.output)["simulation"]["maps"][0]["runs"][0];
+  result = plan(no_euler + " --stage-ms " + halved);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto measured = nlohmann::json::parse(result.output)["simulation"]["maps"][0]["runs"][0];
+  EXPECT_NEAR(measured["one_gpu_images_per_s"].get<double>(), 2 * planned["one_gpu_images_per_s"].get<double>(),
+              1e-5 * measured["one_gpu_images_per_s"].get<double>());
+  EXPECT_LE(measured["efficiency"].get<double>(), 1.0);
+
   result = plan("--world-size 4 --sequence-parallel 2 --device-map pipeline --simulate");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   for (const char* text : {"mesh: 4 ranks = 2 pipeline stage group(s) x 2", "launch with mpirun -np 4 and --sequence-parallel 2",
