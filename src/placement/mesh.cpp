@@ -52,8 +52,13 @@ std::vector<int> valid_sequence_parallel(const SequenceParallelLimits& limits, i
 }
 
 void check_sequence_parallel(int sequence_parallel, const SequenceParallelLimits& limits, int world_size) {
-  const auto valid = valid_sequence_parallel(limits, world_size);
+  // The values worth naming are those this world can also be divided by.
+  std::vector<int> valid;
+  for (int k : valid_sequence_parallel(limits, world_size))
+    if (world_size % k == 0) valid.push_back(k);
   DP_CHECK(sequence_parallel >= 1, "--sequence-parallel must be at least 1, got ", sequence_parallel);
+  DP_CHECK(world_size % sequence_parallel == 0, "--sequence-parallel ", sequence_parallel, " does not divide the world of ",
+           world_size, " rank(s) into stage groups (world size = stages x sequence-parallel); valid values: ", join(valid));
   DP_CHECK(limits.attention_heads % sequence_parallel == 0, "--sequence-parallel ", sequence_parallel,
            " does not divide the transformer's ", limits.attention_heads,
            " attention heads (each rank computes whole heads); valid values up to the world of ", world_size, ": ",

@@ -46,7 +46,8 @@ struct SequenceParallelLimits {
 };
 // The values of K in [1, max_k] that satisfy `limits`, ascending.
 std::vector<int> valid_sequence_parallel(const SequenceParallelLimits& limits, int max_k);
-// Throws, before anything loads, when K does not satisfy `limits`, naming the valid values up to the world size.
+// Throws, before anything loads, when K does not divide the world or does not satisfy `limits`, naming the valid
+// values for this world (those that also divide world_size).
 void check_sequence_parallel(int sequence_parallel, const SequenceParallelLimits& limits, int world_size);
 
 }  // namespace dp::placement

@@ -56,8 +56,20 @@ TEST(Mesh, SequenceParallelMustDivideTheHeadsAndLeaveEveryRankTokens) {
     check_sequence_parallel(5, dev, 8);
     FAIL() << "expected a refusal";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("24 attention heads"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("1, 2, 3, 4, 6, 8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not divide the world of 8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1, 2, 4, 8 ["), std::string::npos) << e.what();
+  }
+  // A world of 10: 3, 4, 6 and 8 fit the model but not the world, so they are not offered.
+  for (int k : {4, 5}) {
+    try {
+      check_sequence_parallel(k, dev, 10);
+      FAIL() << "expected a refusal of " << k;
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      // The message ends with the valid list, then dp::Error's " [file:line]".
+      EXPECT_NE(text.find(": 1, 2 ["), std::string::npos) << text;
+      EXPECT_NE(text.find(k == 5 ? "24 attention heads" : "world of 10"), std::string::npos) << text;
+    }
   }
   const SequenceParallelLimits few_tokens{4, 2, 64};
   EXPECT_EQ(valid_sequence_parallel(few_tokens, 4), (std::vector<int>{1, 2}));
