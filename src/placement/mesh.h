@@ -48,5 +48,9 @@ struct SequenceParallelLimits {
 std::vector<int> valid_sequence_parallel(const SequenceParallelLimits& limits, int max_k);
 // Throws, before anything loads, when K does not satisfy `limits`, naming the valid values up to the world size.
 void check_sequence_parallel(int sequence_parallel, const SequenceParallelLimits& limits, int world_size);
+// What `generate` checks before anything loads: K divides the world and satisfies `limits`. Returns the mesh;
+// throws naming what K fails and the values that would pass all of it (the divisors of the world that divide
+// the heads and leave every rank tokens).
+MeshShape check_mesh(int world_size, int sequence_parallel, const SequenceParallelLimits& limits);
 
 }  // namespace dp::placement

@@ -14,6 +14,7 @@
 #include "io/torch_tensors.h"
 #include "io/weight_index.h"
 #include "models/flux/flux_config.h"
+#include "placement/mesh.h"
 #include "placement/plan.h"
 #include "runtime/transports.h"
 #include "runtime/world.h"
@@ -49,8 +50,11 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
+// The device map over the mesh's stage groups (GPU d is group d).
 TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                                 const pipeline::LatentGrid& grid, const RuntimeOptions& options, int world_size) {
+                                 const pipeline::LatentGrid& grid, const RuntimeOptions& options,
+                                 const placement::MeshShape& shape) {
+  const int world_size = shape.stages;
   placement::PlanRequest plan_request;
   plan_request.model_dir = flux.folder().dir();
   plan_request.device_map = options.device_map.empty() ? "pipeline" : options.device_map;
@@ -69,11 +73,18 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
   TransformerPlan out;
   out.hf_device_map = plan.at("hf_device_map");
-  out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
+  try {
+    out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
+  } catch (const Error& e) {
+    if (shape.sequence_parallel == 1) throw;
+    throw Error(str(e.what(), " (--sequence-parallel ", shape.sequence_parallel, ": the map plans the ", shape.stages,
+                    " stage group(s), GPU d is group d)"), e.file(), e.line());
+  }
   Fnv fnv;
   fnv.add(out.hf_device_map.dump());
   for (const auto& s : out.stages) fnv.add(placement::describe_stage(s));
   out.digest = plan_request.device_map + " " + fnv.hex();
+  if (shape.sequence_parallel > 1) out.digest += str(" mesh ", shape.stages, "x", shape.sequence_parallel);
   return out;
 }
 
@@ -87,12 +98,6 @@ std::string request_digest(const pipeline::GenerateRequest& request, const Runti
              " tokens, microbatch ", options.microbatch_size, ", device ", request.device.type() == at::kCUDA ? "cuda" : "cpu",
              ", components ", options.pipeline_device_map.empty() ? "on the coordinator" : options.pipeline_device_map,
              ", max_memory ", options.max_memory);
-}
-
-std::string describe_stages(const std::vector<placement::RankStage>& stages) {
-  std::string text;
-  for (const auto& s : stages) text += str(text.empty() ? "" : ", ", placement::describe_stage(s));
-  return text;
 }
 
 }  // namespace
@@ -137,14 +142,24 @@ void agree_phase(RunContext& run) {
   world.agree("model fingerprint (transformer config and tensor headers)", run.fingerprint, timeout);
   const auto& checkpoints = options.checkpoints;
   world.agree("checkpoint to resume from", checkpoints.resume ? checkpoints.resume_path : "(none)", timeout);
+  // The mesh: S stage groups x K ranks. The device map and the components' map plan the S groups.
+  const std::string config_path = run.transformer_dir + "/config.json";
+  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+  const placement::MeshShape shape = placement::check_mesh(
+      world.size(), options.sequence_parallel,
+      {config.num_attention_heads, request.max_sequence_length, run.grid.tokens()});
+  world.agree("mesh (stage groups x sequence-parallel ranks)", str(shape.stages, " x ", shape.sequence_parallel), timeout);
   // Before anything loads: a component map naming a rank past the world is refused here, on every rank.
   run.components = plan_components(run.flux.folder(), options.pipeline_device_map, options.max_memory, request.dtype,
-                                   world.size());
-  run.plan = plan_transformer(run.flux, request, run.grid, options, world.size());
+                                   world.size(), shape.sequence_parallel);
+  run.plan = plan_transformer(run.flux, request, run.grid, options, shape);
   world.agree("plan (device map and block ranges)", run.plan.digest, timeout);
-  run.ring.emplace(run.plan.stages, world.size());
+  run.mesh.emplace(run.plan.stages, shape, request.max_sequence_length, run.grid.tokens());
   if (world.is_coordinator()) {
-    DP_INFO("runtime: ring ", describe_stages(run.plan.stages), "; hf_device_map ", run.plan.hf_device_map.dump());
+    const std::string mesh = shape.sequence_parallel == 1 ? std::string()
+        : str("; mesh ", shape.stages, " stage group(s) x ", shape.sequence_parallel, " sequence-parallel ranks (",
+              request.max_sequence_length, " text and ", run.grid.tokens(), " image tokens split over each group)");
+    DP_INFO("runtime: ring ", run.layout().describe(), mesh, "; hf_device_map ", run.plan.hf_device_map.dump());
     const char* source = run.components.from_map ? " (--pipeline-device-map balanced)" : " (the coordinator)";
     DP_INFO("phase encode: hf_device_map ", run.components.encode_map().dump(), source);
     DP_INFO("phase denoise: hf_device_map ", run.plan.hf_device_map.dump());

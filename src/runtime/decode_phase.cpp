@@ -30,8 +30,10 @@ DecodeBudget decode_budget(const RunContext& run, uint64_t stage_bytes) {
   }
   if (!run.options.max_memory.empty()) {
     const auto caps = placement::read_max_memory_argument(run.options.max_memory);
-    // GPU d is rank d, on a CPU run too (the plan budgets ranks the same way); "cpu" for a VAE the map puts there.
-    const auto key = vae_place.on_cpu ? placement::Device::cpu() : placement::Device::gpu(run.world.rank());
+    // GPU d is stage group d (rank d without --sequence-parallel), on a CPU run too (the plan budgets ranks the
+    // same way); "cpu" for a VAE the map puts there.
+    const auto key = vae_place.on_cpu ? placement::Device::cpu()
+                                      : placement::Device::gpu(run.layout().group_of(run.world.rank()));
     if (caps.has(key)) budget.cap_bytes = caps.at(key);
   }
   return budget;

@@ -41,7 +41,9 @@ GenerateOutcome run_worker(RunContext& run) {
   const Transport& transport = *run.transport;
   DP_INFO("rank ", run.world.rank(), ": ", figures.times.steps, " microbatch steps, ", std::fixed, std::setprecision(2),
           figures.times.compute_seconds, " s computing, ", figures.times.wait_seconds, " s waiting; ",
-          transport.bytes_sent() / 1e6, " MB sent, ", transport.bytes_received() / 1e6, " MB received");
+          transport.bytes_sent() / 1e6, " MB sent, ", transport.bytes_received() / 1e6, " MB received",
+          run.exchange ? str("; ", figures.times.exchanges, " all-to-alls, ", transport.exchange_bytes_sent() / 1e6,
+                             " MB out, ", figures.times.exchange_seconds, " s") : std::string());
   write_rank_report(run, figures);
   GenerateOutcome outcome;
   outcome.stopped = run.world.share_from_coordinator(0, run.options.transport_timeout_seconds) != 0;
@@ -83,6 +85,7 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   run.device = rank_device(request.device, run.world);
   cap_device_memory(run);
   if (run.world.uses_mpi()) run.transport = make_transport(run.transport_name, run.layout(), run.world, run.device, options);
+  if (run.layout().sequence_parallel() > 1) run.exchange = std::make_unique<GroupExchange>(*run.transport);
   EncodedPrompts encoded = encode_phase(run);
   return run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
 }

@@ -28,6 +28,20 @@ std::map<int64_t, models::OffloadedWeights> offloaded_weights(const placement::R
   return out;
 }
 
+// This rank's tokens when its group splits the sequence (the default, whole sequence, otherwise).
+models::flux::SequenceShard sequence_shard(const RunContext& run) {
+  const MeshLayout& layout = run.layout();
+  if (layout.sequence_parallel() == 1) return {};
+  models::flux::SequenceShard shard;
+  shard.index = layout.shard_of(run.world.rank());
+  for (int k = 0; k < layout.sequence_parallel(); ++k) {
+    shard.text_counts.push_back(layout.text_shard(k).count);
+    shard.image_counts.push_back(layout.image_shard(k).count);
+  }
+  shard.exchange = run.exchange.get();
+  return shard;
+}
+
 }  // namespace
 
 at::Device rank_device(const at::Device& requested, const World& world) {
@@ -48,7 +62,8 @@ void cap_device_memory(const RunContext& run) {
   const at::Device& device = run.device;
   if (options.max_memory.empty() || !device.is_cuda()) return;
   const auto caps = placement::read_max_memory_argument(options.max_memory);
-  const auto gpu = placement::Device::gpu(run.world.rank());
+  // GPU d of --max-memory is stage group d (rank d without --sequence-parallel).
+  const auto gpu = placement::Device::gpu(run.layout().group_of(run.world.rank()));
   if (!caps.has(gpu)) return;
 #ifdef DIFFPIPE_HAVE_CUDA
   // The allocator sizes its per-device tables on first use; the cap must come after that.
@@ -72,7 +87,8 @@ LoadedStage load_phase(const RunContext& run) {
   loaded.stage = pipeline::run_phase(run.world.rank(), phase, [&] {
     return std::make_shared<pipeline::FluxStage>(run.transformer_dir, mine->first_block, mine->last_block,
                                                  run.request.dtype, run.device, run.grid,
-                                                 run.request.max_sequence_length, offloaded_weights(*mine));
+                                                 run.request.max_sequence_length, offloaded_weights(*mine),
+                                                 sequence_shard(run));
   });
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();

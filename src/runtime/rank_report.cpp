@@ -24,7 +24,7 @@ void write_rank_report(const RunContext& run, const RankFigures& figures) {
   const auto& options = run.options;
   if (options.report_path.empty()) return;
   const World& world = run.world;
-  const RingLayout& layout = run.layout();
+  const MeshLayout& layout = run.layout();
   const at::Device& device = run.device;
   const Transport* transport = run.transport.get();
   const RankTimes& times = figures.times;
@@ -66,11 +66,37 @@ void write_rank_report(const RunContext& run, const RankFigures& figures) {
       {"offload_bytes", offload.bytes},
       {"offload_copy_seconds", offload.copy_seconds},
       {"offload_pinned_host_bytes", offload.host_bytes}};
+  // The mesh: this rank's stage group and token shard, every rank it sends to and receives from (the coordinator
+  // scatters to and gathers from K), and its group's all-to-alls (inside compute_seconds).
+  const int rank = world.rank();
+  nlohmann::ordered_json sends_to = nlohmann::ordered_json::array(), receives_from = nlohmann::ordered_json::array();
+  if (world.is_coordinator()) {
+    for (int r : layout.first_ranks()) sends_to.push_back(r == 0 ? layout.next(0) : r);
+    for (int r : layout.last_ranks()) receives_from.push_back(r);
+  } else {
+    sends_to.push_back(layout.next(rank));
+    receives_from.push_back(layout.previous(rank));
+  }
+  doc["sends_to_ranks"] = sends_to;
+  doc["receives_from_ranks"] = receives_from;
+  doc["mesh"] = {{"stage_groups", layout.shape().stages},
+                 {"sequence_parallel", layout.sequence_parallel()},
+                 {"stage_group", layout.group_of(rank)},
+                 {"shard", layout.shard_of(rank)},
+                 {"group_ranks", layout.group_ranks(rank)},
+                 {"text_tokens", {layout.text_shard(layout.shard_of(rank)).first, layout.text_shard(layout.shard_of(rank)).count}},
+                 {"image_tokens", {layout.image_shard(layout.shard_of(rank)).first, layout.image_shard(layout.shard_of(rank)).count}}};
+  doc["all_to_all"] = {{"calls", times.exchanges},
+                       {"bytes_sent", transport ? transport->exchange_bytes_sent() : 0},
+                       {"bytes_received", transport ? transport->exchange_bytes_received() : 0},
+                       {"seconds", times.exchange_seconds},
+                       {"clock", transport && transport->times_transfers_on_device() ? "device" : "host"}};
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   for (size_t s = 0; s < times.per_step.size(); ++s) {
     const auto& step = times.per_step[s];
     steps.push_back({{"step", s + 1}, {"microbatches", step.microbatches}, {"compute_seconds", step.compute_seconds},
-                     {"receive_seconds", step.receive_seconds}, {"send_seconds", step.send_seconds}});
+                     {"receive_seconds", step.receive_seconds}, {"send_seconds", step.send_seconds},
+                     {"all_to_all_seconds", step.exchange_seconds}});
   }
   doc["per_step"] = steps;
   const std::string path = rank_report_path(options.report_path, world);

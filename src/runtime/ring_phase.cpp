@@ -66,7 +66,8 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
   result.figures.load_bytes = loaded.bytes;
   images.prepare(loaded.bytes);
   const pipeline::DenoiseSchedule schedule = run.flux.schedule(request, latents.size(1));
-  RingExecutor executor(run.layout(), run.transport.get(), loaded.stage, device, options.transport_timeout_seconds);
+  RingExecutor executor(run.layout(), run.transport.get(), loaded.stage, device, options.transport_timeout_seconds,
+                        run.exchange.get());
   if (run.decode && images.decoding_rank() != 0)
     executor.listen_to(images.decoding_rank(), [&images](Message& message) { images.take(message); });
   pipeline::DenoiseJob job;
@@ -140,7 +141,7 @@ RankTimes worker_ring_phase(RunContext& run, pipeline::FluxStage* stage, const s
   const std::string phase = str("denoising (blocks [", mine ? mine->first_block : 0, ", ", mine ? mine->last_block : 0, "))");
   return pipeline::run_phase(run.world.rank(), phase, [&] {
     return run_stage_worker(run.world.rank(), run.layout(), *run.transport, stage, run.device,
-                            run.options.transport_timeout_seconds, on_decode);
+                            run.options.transport_timeout_seconds, on_decode, run.exchange.get());
   });
 }
 

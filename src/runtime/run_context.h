@@ -14,6 +14,8 @@
 #include "placement/ring_stages.h"
 #include "runtime/components.h"
 #include "runtime/distributed_generate.h"
+#include "runtime/group_exchange.h"
+#include "runtime/mesh_layout.h"
 #include "runtime/ring.h"
 #include "runtime/transport.h"
 
@@ -47,13 +49,15 @@ struct RunContext {
   std::string fingerprint;  // model_fingerprint(transformer_dir)
   ComponentPlan components;
   TransformerPlan plan;
-  std::optional<RingLayout> ring;
+  std::optional<MeshLayout> mesh;
 
   // This rank's.
   at::Device device = at::kCPU;
   std::unique_ptr<Transport> transport;  // null in a world of one
+  // This rank's sequence group's all-to-all over the transport; null when the groups are single ranks.
+  std::unique_ptr<GroupExchange> exchange;
 
-  const RingLayout& layout() const { return *ring; }
+  const MeshLayout& layout() const { return *mesh; }
   const CheckpointOptions& checkpoints() const { return options.checkpoints; }
   int64_t batch() const { return request.batch(); }
   int64_t microbatches() const { return (batch() + options.microbatch_size - 1) / options.microbatch_size; }

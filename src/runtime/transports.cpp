@@ -40,18 +40,24 @@ std::string nccl_version_text(bool with_path) {
 #endif
 }
 
-std::unique_ptr<Transport> make_transport(const std::string& name, const RingLayout& layout, const World& world,
+std::unique_ptr<Transport> make_transport(const std::string& name, const MeshLayout& layout, const World& world,
                                           const at::Device& device, const RuntimeOptions& options) {
-  if (name == "mpi") return std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds);
+  // A sequence group of several ranks gets its all-to-all: its own communicator, created by every rank.
+  const std::vector<int> group = layout.sequence_parallel() > 1 ? layout.group_ranks(world.rank()) : std::vector<int>{};
+  if (name == "mpi")
+    return std::make_unique<MpiTransport>(world.rank(), world.size(), options.transport_timeout_seconds, group);
 #ifdef DIFFPIPE_HAVE_NCCL
   // The boundaries that carry tensors: coordinator -> first stage (unless rank 0 runs it), stage -> stage, last
-  // stage -> coordinator. Ranks off the ring only hear a shutdown, which is control alone (MPI).
+  // stage -> coordinator, for every token shard. Ranks off the ring only hear a shutdown, which is control alone
+  // (MPI).
   std::vector<NcclLink> links;
-  const auto& stages = layout.stages();
-  if (!layout.coordinator_runs_first_stage()) links.push_back({0, stages.front().rank});
-  for (size_t i = 1; i < stages.size(); ++i) links.push_back({stages[i - 1].rank, stages[i].rank});
-  if (stages.back().rank != 0) links.push_back({stages.back().rank, 0});
-  return std::make_unique<NcclTransport>(world.rank(), world.size(), options.transport_timeout_seconds, device, links);
+  for (const auto& link : layout.links()) links.push_back({link.from, link.to});
+  NcclGroup nccl_group;
+  nccl_group.index = layout.group_of(world.rank());
+  nccl_group.count = layout.shape().stages;
+  nccl_group.ranks = group;
+  return std::make_unique<NcclTransport>(world.rank(), world.size(), options.transport_timeout_seconds, device, links,
+                                         nccl_group);
 #else
   (void)layout;
   (void)device;

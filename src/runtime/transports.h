@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/ring.h"
+#include "runtime/mesh_layout.h"
 #include "runtime/transport.h"
 
 namespace dp::runtime {
@@ -18,7 +18,7 @@ struct RuntimeOptions;
 std::string nccl_version_text(bool with_path);
 
 // The transport `name` ("mpi" or "nccl") for this rank; collective: every rank calls it with the same layout.
-std::unique_ptr<Transport> make_transport(const std::string& name, const RingLayout& layout, const World& world,
+std::unique_ptr<Transport> make_transport(const std::string& name, const MeshLayout& layout, const World& world,
                                           const at::Device& device, const RuntimeOptions& options);
 
 }  // namespace dp::runtime
