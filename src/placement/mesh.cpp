@@ -52,21 +52,25 @@ std::vector<int> valid_sequence_parallel(const SequenceParallelLimits& limits, i
 }
 
 void check_sequence_parallel(int sequence_parallel, const SequenceParallelLimits& limits, int world_size) {
-  // The values worth naming are those this world can also be divided by.
+  (void)check_mesh(world_size, sequence_parallel, limits);
+}
+
+MeshShape check_mesh(int world_size, int sequence_parallel, const SequenceParallelLimits& limits) {
+  DP_CHECK(world_size >= 1, "world size must be at least 1, got ", world_size);
   std::vector<int> valid;
   for (int k : valid_sequence_parallel(limits, world_size))
     if (world_size % k == 0) valid.push_back(k);
-  DP_CHECK(sequence_parallel >= 1, "--sequence-parallel must be at least 1, got ", sequence_parallel);
-  DP_CHECK(world_size % sequence_parallel == 0, "--sequence-parallel ", sequence_parallel, " does not divide the world of ",
-           world_size, " rank(s) into stage groups (world size = stages x sequence-parallel); valid values: ", join(valid));
-  DP_CHECK(limits.attention_heads % sequence_parallel == 0, "--sequence-parallel ", sequence_parallel,
-           " does not divide the transformer's ", limits.attention_heads,
-           " attention heads (each rank computes whole heads); valid values up to the world of ", world_size, ": ",
-           join(valid));
-  DP_CHECK(limits.text_tokens >= sequence_parallel && limits.image_tokens >= sequence_parallel,
-           "--sequence-parallel ", sequence_parallel, " leaves a rank without tokens (", limits.text_tokens,
-           " text and ", limits.image_tokens, " image tokens); valid values up to the world of ", world_size, ": ",
-           join(valid));
+  const std::string valid_text = str("valid values for this model and request in a world of ", world_size,
+                                     " rank(s): ", join(valid));
+  const int k = sequence_parallel;
+  DP_CHECK(k >= 1 && k <= world_size && world_size % k == 0, "--sequence-parallel ", k, " does not divide the world of ",
+           world_size, " rank(s) into stage groups (world size = stages x sequence-parallel); ", valid_text);
+  DP_CHECK(limits.attention_heads % k == 0, "--sequence-parallel ", k, " does not divide the transformer's ",
+           limits.attention_heads, " attention heads (each rank computes whole heads); ", valid_text);
+  DP_CHECK(limits.text_tokens >= k && limits.image_tokens >= k, "--sequence-parallel ", k,
+           " leaves a rank without tokens (", limits.text_tokens, " text and ", limits.image_tokens,
+           " image tokens); ", valid_text);
+  return MeshShape{world_size / k, k};
 }
 
 }  // namespace dp::placement

@@ -49,5 +49,9 @@ std::vector<int> valid_sequence_parallel(const SequenceParallelLimits& limits, i
 // Throws, before anything loads, when K does not divide the world or does not satisfy `limits`, naming the valid
 // values for this world (those that also divide world_size).
 void check_sequence_parallel(int sequence_parallel, const SequenceParallelLimits& limits, int world_size);
+// What `generate` checks before anything loads: K divides the world and satisfies `limits`. Returns the mesh;
+// throws naming what K fails and the values that would pass all of it (the divisors of the world that divide
+// the heads and leave every rank tokens).
+MeshShape check_mesh(int world_size, int sequence_parallel, const SequenceParallelLimits& limits);
 
 }  // namespace dp::placement

@@ -76,5 +76,27 @@ TEST(Mesh, SequenceParallelMustDivideTheHeadsAndLeaveEveryRankTokens) {
   EXPECT_THROW(check_sequence_parallel(4, few_tokens, 4), Error);
 }
 
+// generate's check: K must divide the world as well, and the refusal names only the values that pass all of it.
+TEST(Mesh, GenerateNamesTheValuesThatDivideTheWorldAndTheHeads) {
+  const SequenceParallelLimits twelve{12, 32, 24};
+  EXPECT_EQ(check_mesh(4, 2, twelve).stages, 2);
+  EXPECT_EQ(check_mesh(3, 3, twelve).sequence_parallel, 3);
+  const auto refusal = [](int world, int k, const SequenceParallelLimits& limits) {
+    try {
+      check_mesh(world, k, limits);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  // 3 divides the heads but not a world of 4; 5 neither; 8 leaves some rank no image token of 6.
+  EXPECT_NE(refusal(4, 3, twelve).find("does not divide the world of 4 rank(s)"), std::string::npos);
+  EXPECT_NE(refusal(4, 3, twelve).find("world of 4 rank(s): 1, 2, 4"), std::string::npos) << refusal(4, 3, twelve);
+  EXPECT_NE(refusal(6, 6, {2, 32, 24}).find("does not divide the transformer's 2 attention heads"), std::string::npos);
+  EXPECT_NE(refusal(6, 6, {2, 32, 24}).find("world of 6 rank(s): 1, 2 "), std::string::npos) << refusal(6, 6, {2, 32, 24});
+  EXPECT_NE(refusal(8, 8, {24, 512, 6}).find("leaves a rank without tokens"), std::string::npos);
+  EXPECT_EQ(refusal(1, 2, twelve).find("accepted"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dp::placement
