@@ -27,6 +27,7 @@
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/memory_estimate.h"
+#include "placement/mesh.h"
 #include "runtime/components.h"
 #include "runtime/distributed_generate.h"
 #include "runtime/world.h"
@@ -363,10 +364,17 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   flux.check_components(decode);
   const auto grid = flux.resolve_image_size(request);
   if (checkpoints.resume) check_resume_matches(*checkpoints.resume, checkpoints.resume_path, o, request, dtype, flux);
+  // --sequence-parallel K, before any weight is read: it must divide the world and the transformer's heads and
+  // leave every rank text and image tokens; the refusal names the values that would do.
+  const auto transformer_config_path = flux.folder().component("transformer").path + "/config.json";
+  const auto transformer = models::FluxConfig::from_json(read_json_file(transformer_config_path), transformer_config_path);
+  placement::check_mesh(world.size(), o.runtime.sequence_parallel,
+                        {transformer.num_attention_heads, request.max_sequence_length, grid.tokens()});
   // Which rank runs CLIP, T5 and the VAE, checked here, before any weight is read: a map that names a GPU past
   // the world is refused naming the component. The rank that decodes checks the VAE's activations.
   const auto components = runtime::plan_components(flux.folder(), o.runtime.pipeline_device_map,
-                                                   o.runtime.max_memory, request.dtype, world.size());
+                                                   o.runtime.max_memory, request.dtype, world.size(),
+                                                   o.runtime.sequence_parallel);
   check_memory(request, dtype, flux, decode && world.rank() == components.vae.rank, this_rank_device,
                o.runtime.microbatch_size);
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
@@ -502,6 +510,13 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--microbatch-size", o->runtime.microbatch_size,
                   "images per microbatch in the denoising ring; with several microbatches every rank is busy "
                   "(latents equal for any world size at the same microbatch size)")
+      ->capture_default_str();
+  cmd->add_option("--sequence-parallel", o->runtime.sequence_parallel,
+                  "K ranks per pipeline stage that split each image's text and image tokens (Ulysses: an all-to-all "
+                  "around every attention, exact). The world is a mesh of S stage groups x K ranks (world size = "
+                  "S x K, rank = group x K + k); --device-map, --max-memory and --pipeline-device-map plan the S groups "
+                  "(GPU d is group d). K must divide the world and the transformer's attention heads and leave every "
+                  "rank a token; a refusal names the valid values. 1: the plain pipeline ring")
       ->capture_default_str();
   cmd->add_option("--transport-timeout", o->runtime.transport_timeout_seconds,
                   "seconds a rank waits for any one message before it ends the job (a dead or unreachable rank); a "

@@ -26,6 +26,7 @@ struct MakeOptions {
   bool force = false;
   bool pipeline = false;  // make-random: the whole FluxPipeline, not only the transformer
   bool sparse = false;    // make-random: headers only, data left as holes
+  int64_t attention_heads = 0;  // make-tiny: 0 keeps the tiny transformer's 2 heads
 };
 
 void prepare_output(const MakeOptions& o) {
@@ -97,6 +98,7 @@ void make_tiny_pipeline(const MakeOptions& o) {
   fixtures::TinyPipelineOptions options;
   options.dtype = io::parse_run_dtype(o.dtype);
   options.seed = o.seed;
+  options.attention_heads = o.attention_heads;
   const fixtures::TinyPipelineReport report = fixtures::write_tiny_pipeline(o.out, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   uint64_t total = 0;
@@ -109,7 +111,7 @@ void make_tiny_pipeline(const MakeOptions& o) {
   }
   const auto& t = report.configs.transformer;
   std::cout << "  transformer: " << t.num_layers << " double + " << t.num_single_layers << " single blocks, hidden "
-            << t.inner_dim() << "; CLIP vocab " << report.configs.clip.vocab_size << ", T5 vocab "
+            << t.inner_dim() << " (" << t.num_attention_heads << " heads); CLIP vocab " << report.configs.clip.vocab_size << ", T5 vocab "
             << report.configs.t5.vocab_size << "\n";
   std::cout << "  total " << human_bytes(total) << " in " << seconds << " s\n";
 }
@@ -122,6 +124,9 @@ CommandRegistrar tiny("make-tiny", 60, [](CLI::App& root) {
   cmd->add_option("--out", o->out, "output folder (created; must be empty unless --force)")->required();
   cmd->add_option("--seed", o->seed, "seed of the random weights")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "stored dtype: fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--attention-heads", o->attention_heads,
+                  "the transformer's heads: N heads of 8 channels (hidden 8N), e.g. 12 for --sequence-parallel 2, 3, "
+                  "4 or 6; default 2 heads of 16");
   cmd->add_flag("--force", o->force, "write into a non-empty folder");
   cmd->callback([o] { make_tiny_pipeline(*o); });
 });

@@ -2,7 +2,8 @@
 // weights read): hf_device_map as diffusers/accelerate would compute it, per-device bytes, the ranks each
 // map needs, and predicted stage times of the map next to "balanced" and diffpipe's time-balanced
 // "pipeline". With --simulate, the denoising ring of each map replayed on paper (placement/ring_simulator.h);
-// with --simulate-sweep, the "pipeline" split on 1 to 64 GPUs.
+// with --simulate-sweep, the "pipeline" split on 1 to 64 GPUs and every mesh of stage groups x sequence-parallel
+// ranks of the world (cli/plan_simulation.h).
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
@@ -13,9 +14,11 @@
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "cli/plan_simulation.h"
 #include "core/error.h"
 #include "io/run_dtype.h"
-#include "placement/flux_module_tree.h"
+#include "placement/mesh.h"
+#include "placement/mesh_simulation.h"
 #include "placement/plan.h"
 #include "placement/ring_simulator.h"
 
@@ -36,19 +39,12 @@ struct PlanOptions {
   // --simulate and --simulate-sweep
   bool simulate = false;
   bool sweep = false;
-  std::string link = "nvlink";
-  double link_gbps = std::nan("");        // given: replaces the preset's bandwidth
-  double link_latency_us = std::nan("");  // given: replaces the preset's latency
-  bool no_overlap = false;
-  int64_t prompts = 0;  // when not given: 1, N and 4N for a world of N
+  SimulationOptions simulation;
   bool prompts_given = false;
-  int64_t images_per_prompt = 1;
   int64_t microbatch_size = 0;  // when not given: --batch
   bool microbatch_given = false;
-  int steps = 28;
-  double euler_ms = 0.1;
-  int max_in_flight = 0;  // 0: one per stage, as the runtime
   std::string stage_ms;
+  bool sequence_parallel_given = false;
 };
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -112,23 +108,34 @@ std::string bytes_or_dash(const nlohmann::ordered_json& value) {
   return value.is_null() ? "unlimited" : human_bytes(static_cast<uint64_t>(std::max<int64_t>(value.get<int64_t>(), 0)));
 }
 
-// "rank 0 -> rank 1 blocks [0, 29) -> rank 2 blocks [29, 57) -> rank 0": the path of every step.
-std::string ring_text(const nlohmann::ordered_json& ranks) {
-  std::string text = ranks["ring"][0]["rank"].get<int>() == 0 ? "" : "rank 0";
-  for (const auto& s : ranks["ring"])
-    text += str(text.empty() ? "" : " -> ", s["text"].get<std::string>());
-  return text + " -> rank 0";
-}
-
-void print_ranks(const nlohmann::ordered_json& ranks) {
+// With a mesh, map_ranks' ranks are stage groups: group d holds GPU d's blocks on ranks d x K ... d x K + K - 1.
+void print_ranks(const nlohmann::ordered_json& ranks, const nlohmann::ordered_json& mesh) {
   const int count = ranks["ranks"].get<int>();
-  std::cout << "ranks: " << count << " (GPU d of the map is rank d; launch with mpirun -np " << count << ")\n";
+  if (mesh.is_null()) {
+    std::cout << "ranks: " << count << " (GPU d of the map is rank d; launch with mpirun -np " << count << ")\n";
+  } else {
+    const int k = mesh["sequence_parallel"].get<int>();
+    std::cout << "ranks: " << count * k << " = " << count << " stage group(s) x " << k
+              << " (GPU d of the map is stage group d, ranks d x " << k << " ... d x " << k << " + " << k - 1
+              << "; launch with mpirun -np " << count * k << " and --sequence-parallel " << k << ")\n";
+  }
   if (ranks.contains("unsupported")) {
     std::cout << "  the multi-rank runtime cannot run this map: " << ranks["unsupported"].get<std::string>() << "\n";
     return;
   }
-  std::cout << "  ring: " << ring_text(ranks) << "; rank 0 "
-            << (ranks["ring"][0]["rank"].get<int>() == 0 ? "also coordinates" : "coordinates only") << "\n";
+  if (mesh.is_null()) {
+    std::cout << "  ring: " << ring_text(ranks) << "; rank 0 "
+              << (ranks["ring"][0]["rank"].get<int>() == 0 ? "also coordinates" : "coordinates only") << "\n";
+    return;
+  }
+  const int k = mesh["sequence_parallel"].get<int>();
+  std::cout << "  ring:" << (ranks["ring"][0]["rank"].get<int>() == 0 ? "" : " rank 0 ->");
+  for (const auto& s : ranks["ring"]) {
+    const int group = s["rank"].get<int>();
+    std::cout << " group " << group << " (ranks " << group * k << "-" << group * k + k - 1 << ") blocks ["
+              << s["first_block"].get<int64_t>() << ", " << s["last_block"].get<int64_t>() << ") ->";
+  }
+  std::cout << " rank 0; rank 0 is shard 0 of group 0; rank (g, k) sends its token shard to rank (g + 1, k)\n";
 }
 
 // `ranks`: what map_ranks says of the same map.
@@ -149,6 +156,13 @@ void print_timing_row(const nlohmann::ordered_json& t, const nlohmann::ordered_j
 void print_plan(const nlohmann::ordered_json& plan) {
   std::cout << "model: " << plan["model"].get<std::string>() << "  (dtype " << plan["dtype"].get<std::string>()
             << ", world of " << plan["world_size"].get<int>() << " GPU(s))\n";
+  if (plan.contains("mesh")) {
+    const auto& mesh = plan["mesh"];
+    std::cout << "mesh: " << mesh["world_size"].get<int>() << " ranks = " << mesh["stages"].get<int>()
+              << " pipeline stage group(s) x " << mesh["sequence_parallel"].get<int>()
+              << " sequence-parallel ranks; below, GPU d is stage group d (each of its ranks holds its blocks) and "
+                 "stage times and activations are one rank's, on its token shard\n";
+  }
   std::cout << "max_memory (" << plan["max_memory_from"].get<std::string>() << "):";
   for (const auto& item : plan["max_memory"].items())
     std::cout << " " << item.key() << "=" << human_bytes(item.value().get<uint64_t>());
@@ -156,7 +170,8 @@ void print_plan(const nlohmann::ordered_json& plan) {
             << human_bytes(plan["transformer"]["total_bytes"].get<uint64_t>()) << ") with --device-map "
             << plan["transformer"]["device_map"].get<std::string>() << "\nhf_device_map:\n";
   print_map(plan["hf_device_map"]);
-  print_ranks(plan["ranks"]);
+  const nlohmann::ordered_json no_mesh;
+  print_ranks(plan["ranks"], plan.contains("mesh") ? plan["mesh"] : no_mesh);
 
   std::cout << "\ndevices:\n  " << std::left << std::setw(8) << "device" << std::setw(6) << "rank" << std::right
             << std::setw(12) << "weights" << std::setw(12) << "reserved" << std::setw(12) << "budget" << std::setw(12)
@@ -180,7 +195,11 @@ void print_plan(const nlohmann::ordered_json& plan) {
     std::cout << "  pipeline         infeasible: " << cmp["pipeline"]["infeasible"].get<std::string>() << "\n";
   else
     print_timing_row(cmp["pipeline"], cmp["pipeline"]["ranks"]);
-  std::cout << "  (ranks: the world the map needs, mpirun -np that many; * the multi-rank runtime cannot run it)\n";
+  if (plan.contains("mesh"))
+    std::cout << "  (ranks: the stage groups the map needs, of " << plan["mesh"]["sequence_parallel"].get<int>()
+              << " ranks each; ms: one rank's; * the multi-rank runtime cannot run it)\n";
+  else
+    std::cout << "  (ranks: the world the map needs, mpirun -np that many; * the multi-rank runtime cannot run it)\n";
 
   if (plan.contains("pipeline_hf_device_map")) {
     std::cout << "\npipeline_hf_device_map (pipeline-level \"balanced\"):\n";
@@ -192,7 +211,7 @@ void print_plan(const nlohmann::ordered_json& plan) {
   }
 }
 
-// --- The ranks each map needs, and the ring simulated ---
+// --- Run ---
 
 std::vector<double> parse_stage_ms(const std::string& text) {
   std::vector<double> out;
@@ -212,288 +231,36 @@ std::vector<double> parse_stage_ms(const std::string& text) {
   return out;
 }
 
-// What every simulation of this plan shares: the transformer, its unit times per microbatch, message sizes,
-// the link and the workload.
-struct SimulationContext {
-  models::FluxConfig config;
-  std::vector<placement::TimedUnit> units;
-  placement::RingMessageBytes bytes;
-  placement::LinkModel link;
-  bool overlap = true;
-  int64_t microbatch_size = 1;
-  int64_t images_per_prompt = 1;
-  int steps = 28;
-  double euler_ms = 0.1;
-  int max_in_flight = 0;
-};
-
-SimulationContext simulation_context(const PlanOptions& o, const models::FluxConfig& config) {
-  SimulationContext c;
-  c.config = config;
-  const auto& timing = o.request.timing;
-  c.units = placement::flux_timed_units(c.config, placement::flux_module_tree(c.config, o.request.dtype), timing);
-  c.bytes = placement::flux_ring_message_bytes(c.config, timing.height, timing.width, timing.text_tokens, o.request.dtype);
-  c.link = placement::link_preset(o.link);
-  if (!std::isnan(o.link_gbps) || !std::isnan(o.link_latency_us)) c.link.name = "custom";
-  if (!std::isnan(o.link_gbps)) c.link.gb_per_s = o.link_gbps;
-  if (!std::isnan(o.link_latency_us)) c.link.latency_us = o.link_latency_us;
-  c.overlap = !o.no_overlap;
-  c.microbatch_size = timing.batch;
-  c.images_per_prompt = o.images_per_prompt;
-  c.steps = o.steps;
-  c.euler_ms = o.euler_ms;
-  c.max_in_flight = o.max_in_flight;
-  return c;
-}
-
-placement::RingSimulation simulate(const SimulationContext& c, const std::vector<placement::RankStage>& stages,
-                                   const std::vector<double>& stage_ms, int64_t images) {
-  placement::RingSimulationInput in;
-  for (const auto& s : stages) in.stage_ranks.push_back(s.rank);
-  in.stage_ms = stage_ms;
-  in.prompt_bytes_per_image = c.bytes.prompts;
-  in.step_input_bytes_per_image = c.bytes.step_inputs;
-  in.activation_bytes_per_image = c.bytes.activations;
-  in.noise_bytes_per_image = c.bytes.noise;
-  in.link = c.link;
-  in.transfers_overlap_compute = c.overlap;
-  in.images = images;
-  in.microbatch_size = c.microbatch_size;
-  in.steps = c.steps;
-  in.euler_ms = c.euler_ms;
-  in.max_in_flight = c.max_in_flight;
-  return placement::simulate_ring(in);
-}
-
-// One GPU holding every block: the ceiling a world of N is measured against (N times its images/s).
-double one_gpu_images_per_s(const SimulationContext& c, const std::vector<double>& stage_ms, int64_t images) {
-  double sum = 0;
-  for (double ms : stage_ms) sum += ms;
-  return simulate(c, {{0, 0, c.config.num_blocks()}}, {sum}, images).images_per_s;
-}
-
-nlohmann::ordered_json simulated_run(const SimulationContext& c, const placement::MapRanks& ranks,
-                                     const std::vector<double>& stage_ms, int64_t prompts) {
-  const int64_t images = prompts * c.images_per_prompt;
-  const auto sim = simulate(c, ranks.stages, stage_ms, images);
-  const double ceiling = one_gpu_images_per_s(c, stage_ms, images);
-  nlohmann::ordered_json run = {{"prompts", prompts}, {"images", images}};
-  run.update(placement::to_json(sim));
-  run["one_gpu_images_per_s"] = ceiling;
-  run["efficiency"] = ceiling > 0 ? sim.images_per_s / (ranks.ranks * ceiling) : 0.0;
-  return run;
-}
-
-// 1, N and 4N prompts for a world of N, unless --prompts names one count (asked > 0).
-std::vector<int64_t> prompt_counts(int64_t asked, int world) {
-  if (asked > 0) return {asked};
-  const std::set<int64_t> counts = {1, world, 4 * static_cast<int64_t>(world)};
-  return {counts.begin(), counts.end()};
-}
-
-nlohmann::ordered_json simulate_map(const SimulationContext& c, const std::string& name,
-                                    const nlohmann::ordered_json& hf_device_map, const std::vector<double>& override_ms,
-                                    const std::vector<int64_t>& prompts) {
-  const auto ranks = placement::map_ranks(hf_device_map, c.config);
-  nlohmann::ordered_json out = {{"map", name}, {"ranks", ranks.ranks}};
-  if (!ranks.unsupported.empty()) {
-    DP_CHECK(override_ms.empty(), "--stage-ms: the map '", name, "' cannot run as a ring: ", ranks.unsupported);
-    out["unsupported"] = ranks.unsupported;
-    return out;
+// --sequence-parallel K, checked before anything else: K must divide the world (--world-size N, or S x K with S
+// inferred from --max-memory) and suit the model (its heads, the tokens of the request); mesh.h words the refusal.
+// The plan is then made for the S stage groups, one rank's figures each.
+void apply_sequence_parallel(PlanOptions& o) {
+  auto& r = o.request;
+  const int k = o.simulation.sequence_parallel;
+  DP_CHECK(k >= 1, "--sequence-parallel must be at least 1, got ", k);
+  int world = 0;
+  if (r.world_size) {
+    world = *r.world_size;
+    DP_CHECK(world >= 1 && world <= placement::kMaxWorldSize, "--world-size must be positive and at most ",
+             placement::kMaxWorldSize, ", got ", world);
+    r.world_size = placement::mesh_for_world(world, k).stages;
+  } else {
+    int groups = 1;
+    if (!o.max_memory.empty()) {
+      const auto gpus = placement::read_max_memory_argument(o.max_memory).gpu_indices();
+      if (!gpus.empty()) groups = gpus.back() + 1;
+    }
+    world = groups * k;
   }
-  std::vector<double> stage_ms = placement::flux_ring_stage_ms(c.units, ranks.stages);
-  out["stage_times_from"] = override_ms.empty() ? "plan" : "--stage-ms";
-  if (!override_ms.empty()) {
-    nlohmann::ordered_json ranks_json = placement::to_json(ranks);
-    DP_CHECK(override_ms.size() == stage_ms.size(), "--stage-ms gives ", override_ms.size(),
-             " stage time(s) but the map '", name, "' has ", stage_ms.size(), " ring stage(s): ", ring_text(ranks_json));
-    stage_ms = override_ms;
-  }
-  out["stage_ms"] = stage_ms;
-  out["latency_one_prompt_s"] = simulate(c, ranks.stages, stage_ms, c.images_per_prompt).total_ms * 1e-3;
-  out["runs"] = nlohmann::ordered_json::array();
-  for (int64_t m : prompts) out["runs"].push_back(simulated_run(c, ranks, stage_ms, m));
-  return out;
-}
-
-nlohmann::ordered_json simulation_settings(const SimulationContext& c, const PlanOptions& o) {
-  return {{"link", placement::to_json(c.link)}, {"transfers_overlap_compute", c.overlap}, {"steps", c.steps},
-          {"resolution", std::to_string(o.request.timing.height) + "x" + std::to_string(o.request.timing.width)},
-          {"microbatch_size", c.microbatch_size}, {"images_per_prompt", c.images_per_prompt},
-          {"euler_ms_per_microbatch_step", c.euler_ms},
-          {"max_in_flight", c.max_in_flight > 0 ? nlohmann::ordered_json(c.max_in_flight) : nlohmann::ordered_json("one per stage")},
-          {"message_bytes_per_image", {{"prompts_once", c.bytes.prompts}, {"step_inputs", c.bytes.step_inputs},
-                                       {"activations", c.bytes.activations}, {"noise", c.bytes.noise}}}};
-}
-
-// The requested map and the comparison's "balanced" and "pipeline", each for the plan's world.
-nlohmann::ordered_json simulate_plan(const SimulationContext& c, const PlanOptions& o, const nlohmann::ordered_json& plan) {
-  nlohmann::ordered_json out = simulation_settings(c, o);
-  const auto prompts = prompt_counts(o.prompts_given ? o.prompts : 0, plan["world_size"].get<int>());
-  const auto override_ms = o.stage_ms.empty() ? std::vector<double>{} : parse_stage_ms(o.stage_ms);
-  out["maps"] = nlohmann::ordered_json::array();
-  const std::string requested = o.request.device_map;
-  out["maps"].push_back(simulate_map(c, requested, plan["hf_device_map"], override_ms, prompts));
-  for (const char* name : {"balanced", "pipeline"}) {
-    const auto& cmp = plan["comparison"][name];
-    if (requested == name || !cmp.contains("hf_device_map")) continue;
-    out["maps"].push_back(simulate_map(c, name, cmp["hf_device_map"], {}, prompts));
-  }
-  return out;
-}
-
-// The time-balanced split on N = 1, 2, 4 ... 64 GPUs (and the world asked for), each GPU at --gpu-memory.
-nlohmann::ordered_json simulate_sweep(const SimulationContext& c, const PlanOptions& o, int world) {
-  nlohmann::ordered_json out = simulation_settings(c, o);
-  out["strategy"] = "pipeline";
-  out["gpu_memory_bytes"] = o.request.gpu_memory_bytes;
-  out["rows"] = nlohmann::ordered_json::array();
-  std::set<int> worlds = {1, 2, 4, 8, 16, 32, 64, world};
-  for (int n : worlds) {
-    placement::PlanRequest request = o.request;
-    request.world_size = n;
-    request.device_map = "pipeline";
-    request.max_memory.reset();
-    request.pipeline_device_map.clear();
-    nlohmann::ordered_json plan;
-    try {
-      plan = placement::make_plan(request);
-    } catch (const Error& e) {
-      out["rows"].push_back({{"gpus", n}, {"infeasible", e.what()}});
-      continue;
-    }
-    const auto ranks = placement::map_ranks(plan["hf_device_map"], c.config);
-    if (!ranks.unsupported.empty()) {
-      out["rows"].push_back({{"gpus", n}, {"infeasible", ranks.unsupported}});
-      continue;
-    }
-    const auto stage_ms = placement::flux_ring_stage_ms(c.units, ranks.stages);
-    const double latency = simulate(c, ranks.stages, stage_ms, c.images_per_prompt).total_ms * 1e-3;
-    double slowest = 0;
-    for (double ms : stage_ms) slowest = std::max(slowest, ms);
-    for (int64_t m : prompt_counts(0, n)) {
-      const auto run = simulated_run(c, ranks, stage_ms, m);
-      out["rows"].push_back({{"gpus", n}, {"ranks", ranks.ranks}, {"stages", ranks.stages.size()}, {"prompts", m},
-                             {"images", run["images"]}, {"total_s", run["total_s"]},
-                             {"images_per_s", run["images_per_s"]}, {"latency_one_prompt_s", latency},
-                             {"bubble_fraction", run["bubble_fraction"]},
-                             {"efficiency", run["images_per_s"].get<double>() /
-                                                (n * run["one_gpu_images_per_s"].get<double>())},
-                             {"one_gpu_images_per_s", run["one_gpu_images_per_s"]}, {"slowest_stage_ms", slowest}});
-    }
-  }
-  return out;
-}
-
-std::string percent(double fraction) {
-  char text[16];
-  std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * fraction);
-  return text;
-}
-
-void print_simulation_settings(const nlohmann::ordered_json& s) {
-  const auto& link = s["link"];
-  const auto& bytes = s["message_bytes_per_image"];
-  char line[512];
-  std::snprintf(line, sizeof(line),
-                "  %d steps at %s, microbatches of %lld image(s), %lld image(s) per prompt; rank 0 spends %.2f ms per "
-                "microbatch step (Euler update)\n  link %s: %.1f GB/s and %.1f us per message, one link per pair of "
-                "ring neighbours; transfers %s compute; steps in flight: %s\n",
-                s["steps"].get<int>(), s["resolution"].get<std::string>().c_str(),
-                static_cast<long long>(s["microbatch_size"].get<int64_t>()),
-                static_cast<long long>(s["images_per_prompt"].get<int64_t>()),
-                s["euler_ms_per_microbatch_step"].get<double>(), link["name"].get<std::string>().c_str(),
-                link["gb_per_s"].get<double>(), link["latency_us"].get<double>(),
-                s["transfers_overlap_compute"].get<bool>() ? "overlap" : "do not overlap",
-                s["max_in_flight"].is_string() ? "one per stage" : std::to_string(s["max_in_flight"].get<int>()).c_str());
-  std::cout << line << "  messages per image: prompts " << human_bytes(bytes["prompts_once"].get<uint64_t>())
-            << " (once), step inputs " << human_bytes(bytes["step_inputs"].get<uint64_t>()) << ", activations "
-            << human_bytes(bytes["activations"].get<uint64_t>()) << " per stage boundary, noise "
-            << human_bytes(bytes["noise"].get<uint64_t>()) << "\n";
-}
-
-// A map's name for a table column: a JSON map by its file name.
-std::string map_label(const nlohmann::ordered_json& map) {
-  const std::string name = map["map"].get<std::string>();
-  const auto slash = name.rfind('/');
-  return (slash == std::string::npos ? name : name.substr(slash + 1)).substr(0, 16);
-}
-
-void print_simulation(const nlohmann::ordered_json& sim) {
-  std::cout << "\nsimulated denoising ring (efficiency = images/s / (ranks x one GPU's images/s); bubble = idle "
-               "share of stage time):\n";
-  print_simulation_settings(sim);
-  std::cout << "  map              ranks stages prompts  images    total s   images/s  1-prompt s   bubble  "
-               "efficiency  busy per stage (rank:%)\n";
-  char line[256];
-  for (const auto& m : sim["maps"]) {
-    const std::string name = map_label(m);
-    if (m.contains("unsupported")) {
-      std::cout << "  " << std::left << std::setw(16) << name << std::right << " not simulated: "
-                << m["unsupported"].get<std::string>() << "\n";
-      continue;
-    }
-    for (const auto& r : m["runs"]) {
-      std::snprintf(line, sizeof(line), "  %-16s %5d %6zu %7lld %7lld %10.3f %10.3f %11.3f %8s %11s  ", name.c_str(),
-                    m["ranks"].get<int>(), r["stages"].size(), static_cast<long long>(r["prompts"].get<int64_t>()),
-                    static_cast<long long>(r["images"].get<int64_t>()), r["total_s"].get<double>(),
-                    r["images_per_s"].get<double>(), m["latency_one_prompt_s"].get<double>(),
-                    percent(r["bubble_fraction"].get<double>()).c_str(), percent(r["efficiency"].get<double>()).c_str());
-      std::cout << line;
-      for (const auto& st : r["stages"])
-        std::cout << " " << st["rank"].get<int>() << ":" << std::lround(100.0 * st["busy_fraction"].get<double>());
-      std::cout << "\n";
-    }
-  }
-  std::cout << "  stage compute per microbatch step (ms), and per link at the most prompts: bytes per denoising step "
-               "/ in total (busy share)\n";
-  for (const auto& m : sim["maps"]) {
-    if (m.contains("unsupported")) continue;
-    std::cout << "  " << std::left << std::setw(16) << map_label(m) << std::right
-              << " stages (" << m["stage_times_from"].get<std::string>() << "):";
-    for (const auto& ms : m["stage_ms"]) {
-      std::snprintf(line, sizeof(line), " %.2f", ms.get<double>());
-      std::cout << line;
-    }
-    const auto& r = m["runs"].back();
-    std::cout << "\n" << std::string(18, ' ') << "links (" << r["prompts"].get<int64_t>() << " prompts):";
-    if (r["links"].empty()) std::cout << " none, one rank";
-    std::string separator = " ";
-    for (const auto& l : r["links"]) {
-      std::cout << separator << l["from_rank"].get<int>() << "->" << l["to_rank"].get<int>() << " "
-                << human_bytes(l["bytes_per_step"].get<uint64_t>()) << " / "
-                << human_bytes(l["bytes_total"].get<uint64_t>()) << " (" << percent(l["busy_fraction"].get<double>())
-                << ")";
-      separator = ", ";
-    }
-    std::cout << "\n";
-  }
-}
-
-void print_sweep(const nlohmann::ordered_json& sweep) {
-  std::cout << "\nsimulated sweep: the time-balanced \"pipeline\" split on N GPUs of "
-            << human_bytes(sweep["gpu_memory_bytes"].get<uint64_t>())
-            << " each (efficiency = images/s / (N x one GPU's images/s)):\n";
-  print_simulation_settings(sweep);
-  std::cout << "   GPUs stages prompts  images    total s   images/s  1-prompt s   bubble  efficiency  slowest stage ms\n";
-  char line[256];
-  for (const auto& r : sweep["rows"]) {
-    if (r.contains("infeasible")) {
-      std::cout << "  " << std::setw(5) << r["gpus"].get<int>() << "  infeasible: " << r["infeasible"].get<std::string>() << "\n";
-      continue;
-    }
-    std::snprintf(line, sizeof(line), "  %5d %6zu %7lld %7lld %10.3f %10.3f %11.3f %8s %11s %17.2f\n",
-                  r["gpus"].get<int>(), r["stages"].get<size_t>(), static_cast<long long>(r["prompts"].get<int64_t>()),
-                  static_cast<long long>(r["images"].get<int64_t>()), r["total_s"].get<double>(),
-                  r["images_per_s"].get<double>(), r["latency_one_prompt_s"].get<double>(),
-                  percent(r["bubble_fraction"].get<double>()).c_str(), percent(r["efficiency"].get<double>()).c_str(),
-                  r["slowest_stage_ms"].get<double>());
-    std::cout << line;
-  }
+  const auto config = placement::read_transformer_config(r.model_dir);
+  placement::check_sequence_parallel(
+      k, placement::flux_sequence_parallel_limits(config, r.timing.height, r.timing.width, r.timing.text_tokens), world);
+  r.timing.sequence_parallel = k;
 }
 
 void run_plan(PlanOptions& o) {
   auto& r = o.request;
+  if (o.sequence_parallel_given) apply_sequence_parallel(o);
   r.dtype = io::parse_run_dtype(o.dtype);
   if (!o.max_memory.empty()) r.max_memory = placement::read_max_memory_argument(o.max_memory);
   r.pipeline_components = split_commas(o.components);
@@ -514,14 +281,22 @@ void run_plan(PlanOptions& o) {
     DP_CHECK(o.microbatch_size >= 1, "--microbatch-size must be at least 1, got ", o.microbatch_size);
     r.timing.batch = o.microbatch_size;  // generate plans at its microbatch size too
   }
+  auto& sim = o.simulation;
   if (o.simulate || o.sweep) {
-    DP_CHECK(!o.prompts_given || o.prompts >= 1, "--prompts must be at least 1, got ", o.prompts);
-    DP_CHECK(o.images_per_prompt >= 1, "--images-per-prompt must be at least 1, got ", o.images_per_prompt);
+    DP_CHECK(!o.prompts_given || sim.prompts >= 1, "--prompts must be at least 1, got ", sim.prompts);
+    if (!o.prompts_given) sim.prompts = 0;
+    DP_CHECK(sim.images_per_prompt >= 1, "--images-per-prompt must be at least 1, got ", sim.images_per_prompt);
     DP_CHECK(!(o.sweep && !o.stage_ms.empty()), "--stage-ms replaces the stage times of one map; --simulate-sweep "
              "plans a new split for every N, so the two do not go together");
-    placement::link_preset(o.link);  // a wrong name fails before the headers are read
+    DP_CHECK(sim.gpus_per_node >= 1, "--gpus-per-node must be at least 1, got ", sim.gpus_per_node);
+    placement::link_preset(sim.link);  // a wrong name fails before the headers are read
+    if (!o.stage_ms.empty()) sim.stage_ms = parse_stage_ms(o.stage_ms);
   }
   auto plan = placement::make_plan(r);
+  const int world = plan["world_size"].get<int>() * sim.sequence_parallel;
+  if (sim.sequence_parallel > 1)
+    plan["mesh"] = {{"world_size", world}, {"stages", plan["world_size"]}, {"sequence_parallel", sim.sequence_parallel},
+                    {"rank", "stage x sequence_parallel + shard"}};
 
   // The ranks each map needs (GPU d is rank d) and the ring the runtime would build from it.
   const auto config = models::FluxConfig::from_json(nlohmann::json::parse(plan["transformer"]["config"].dump()),
@@ -532,9 +307,11 @@ void run_plan(PlanOptions& o) {
     if (cmp.contains("hf_device_map")) cmp["ranks"] = placement::to_json(placement::map_ranks(cmp["hf_device_map"], config));
   }
   if (o.simulate || o.sweep) {
-    const SimulationContext context = simulation_context(o, config);
-    plan["simulation"] = simulate_plan(context, o, plan);
-    if (o.sweep) plan["simulation_sweep"] = simulate_sweep(context, o, plan["world_size"].get<int>());
+    plan["simulation"] = simulate_plan(r, sim, config, plan);
+    if (o.sweep) {
+      plan["simulation_sweep"] = simulate_sweep(r, sim, config, world);
+      plan["mesh_sweep"] = simulate_mesh_sweep(r, sim, config, world);
+    }
   }
   if (o.as_json) {
     std::cout << plan.dump(2) << "\n";
@@ -543,6 +320,7 @@ void run_plan(PlanOptions& o) {
   print_plan(plan);
   if (plan.contains("simulation")) print_simulation(plan["simulation"]);
   if (plan.contains("simulation_sweep")) print_sweep(plan["simulation_sweep"]);
+  if (plan.contains("mesh_sweep")) print_mesh_sweep(plan["mesh_sweep"]);
 }
 
 CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
@@ -585,7 +363,9 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
                 "plan as `generate --device cuda --max-memory` does, where max_memory also caps each rank's CUDA\n"
                 "allocator: auto/balanced/sequential place weights in each GPU's max_memory less the activations,\n"
                 "the allocator reserve and two streamed blocks (without it: exactly accelerate's map)");
-  cmd->add_option("--gpu-memory", o->gpu_memory, "assumed free memory per GPU without --max-memory")->capture_default_str();
+  cmd->add_option("--gpu-memory", o->gpu_memory,
+                  "assumed free memory per GPU without --max-memory, and each GPU's memory in --simulate-sweep")
+      ->capture_default_str();
   cmd->add_option("--cpu-memory", o->cpu_memory, "assumed host memory without --max-memory")->capture_default_str();
   cmd->add_flag("--json", o->as_json,
                 "print one JSON object (hf_device_map, pipeline_hf_device_map, devices, ranks, stage times, and\n"
@@ -596,30 +376,39 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
                 "latency, bubble (idle share of stage time), busy share per stage and bytes on every link");
   cmd->add_flag("--simulate-sweep", o->sweep,
                 "also simulate the \"pipeline\" split on N = 1, 2, 4 ... 64 GPUs (and --world-size) for 1, N and 4N\n"
-                "prompts, each GPU at --gpu-memory");
-  cmd->add_option("--link", o->link, "link between ring neighbours:\n" + placement::link_presets_help())
+                "prompts, and every mesh of S stage groups x K sequence-parallel ranks = the world: one image's\n"
+                "latency and --prompts' throughput (default 4N), the best of each marked; each GPU at --gpu-memory");
+  auto* sequence_parallel = cmd->add_option(
+      "--sequence-parallel", o->simulation.sequence_parallel,
+      "K: the world (--world-size) is S = N / K pipeline stage groups of K ranks that split each image's tokens\n"
+      "(Ulysses all-to-alls around attention); maps and stage times are then per stage group and per rank");
+  cmd->add_option("--gpus-per-node", o->simulation.gpus_per_node,
+                  "GPUs per node: a sequence group across nodes sends its cross-node all-to-all share over ib")
       ->capture_default_str();
-  cmd->add_option("--link-gbps", o->link_gbps, "link bandwidth in GB/s (one direction), replacing --link's");
-  cmd->add_option("--link-latency-us", o->link_latency_us, "latency of one message in microseconds, replacing --link's");
-  cmd->add_flag("--no-overlap", o->no_overlap,
+  cmd->add_option("--link", o->simulation.link, "link between ring neighbours:\n" + placement::link_presets_help())
+      ->capture_default_str();
+  cmd->add_option("--link-gbps", o->simulation.link_gbps, "link bandwidth in GB/s (one direction), replacing --link's");
+  cmd->add_option("--link-latency-us", o->simulation.link_latency_us, "latency of one message in microseconds, replacing --link's");
+  cmd->add_flag("--no-overlap", o->simulation.no_overlap,
                 "a rank waits for its sends to finish before computing again (the runtime overlaps them)");
-  auto* prompts = cmd->add_option("--prompts", o->prompts, "prompts to simulate (default: 1, N and 4N for a world of N)");
-  cmd->add_option("--images-per-prompt,--num-images-per-prompt", o->images_per_prompt, "images per prompt")
+  auto* prompts = cmd->add_option("--prompts", o->simulation.prompts, "prompts to simulate (default: 1, N and 4N for a world of N)");
+  cmd->add_option("--images-per-prompt,--num-images-per-prompt", o->simulation.images_per_prompt, "images per prompt")
       ->capture_default_str();
   auto* microbatch = cmd->add_option("--microbatch-size", o->microbatch_size,
                   "images per microbatch, as generate's option; also the --batch the plan is made for")
       ->excludes(batch);
-  cmd->add_option("--steps", o->steps, "denoising steps")->capture_default_str();
-  cmd->add_option("--euler-ms", o->euler_ms,
+  cmd->add_option("--steps", o->simulation.steps, "denoising steps")->capture_default_str();
+  cmd->add_option("--euler-ms", o->simulation.euler_ms,
                   "rank 0's time per microbatch step for the Euler update and the loop (an estimate; --report measures it)")
       ->capture_default_str();
-  cmd->add_option("--max-in-flight", o->max_in_flight,
+  cmd->add_option("--max-in-flight", o->simulation.max_in_flight,
                   "steps in flight at once (default: one per ring stage, as the runtime); more hides transfer time");
   cmd->add_option("--stage-ms", o->stage_ms,
                   "replace the planned compute time of each ring stage of this map (ms per microbatch step, in ring\n"
                   "order), e.g. measured ones from generate --report");
-  cmd->callback([o, world_size, prompts, microbatch] {
+  cmd->callback([o, world_size, prompts, microbatch, sequence_parallel] {
     if (world_size->count() > 0) o->request.world_size = o->world_size;
+    o->sequence_parallel_given = sequence_parallel->count() > 0;
     o->prompts_given = prompts->count() > 0;
     o->microbatch_given = microbatch->count() > 0;
     run_plan(*o);

@@ -36,7 +36,9 @@ uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& co
 
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
                      at::Device device, const LatentGrid& grid, int64_t text_tokens,
-                     const std::map<int64_t, models::OffloadedWeights>& offloaded) {
+                     const std::map<int64_t, models::OffloadedWeights>& offloaded,
+                     models::flux::SequenceShard shard)
+    : shard_(std::move(shard)) {
   c10::InferenceMode guard;
   const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
@@ -49,12 +51,22 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
   weight_bytes_ = held_bytes(*weights, config, parts);
   model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts);
+  if (shard_.text_counts.empty()) shard_ = {0, {text_tokens}, {grid.tokens()}, nullptr};
+  shard_.check();
+  DP_CHECK(shard_.text_tokens() == text_tokens && shard_.image_tokens() == grid.tokens(), "a sequence shard of ",
+           shard_.text_tokens(), " text and ", shard_.image_tokens(), " image tokens for a sequence of ", text_tokens,
+           " and ", grid.tokens());
+  DP_CHECK(config.num_attention_heads % shard_.size() == 0, "a sequence group of ", shard_.size(),
+           " ranks splits whole heads, and the transformer has ", config.num_attention_heads);
+  // Every rank computes the whole sequence's tables and keeps the rows of its own tokens.
   const at::Tensor txt_ids = at::zeros({text_tokens, 3}, at::TensorOptions().device(device));
-  rope_ = model_.rotary(txt_ids, latent_image_ids(grid).to(device));
+  rope_ = models::flux::shard_rotary(model_.rotary(txt_ids, latent_image_ids(grid).to(device)), shard_);
 }
 
 void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) {
   DP_CHECK(is_first(), "microbatch ", microbatch, ": prompts sent to a stage that does not start at block 0");
+  DP_CHECK(prompt_embeds.dim() == 3 && prompt_embeds.size(1) == text_count(), "microbatch ", microbatch,
+           ": prompt embeddings ", prompt_embeds.sizes(), " for a stage that holds ", text_count(), " text tokens");
   c10::InferenceMode guard;
   const auto device = model_.device();
   prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())),
@@ -81,7 +93,11 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
              inputs.size(), " tensors");
     state = {inputs[0].to(device), inputs[1].to(device), inputs[2].to(device)};
   }
-  model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block);
+  DP_CHECK(state.image.dim() == 3 && state.image.size(1) == image_count() && state.text.dim() == 3 &&
+               state.text.size(1) == text_count(),
+           "microbatch ", microbatch, ": ", state.image.sizes(), " image and ", state.text.sizes(), " text rows for a ",
+           "stage that holds ", image_count(), " image and ", text_count(), " text tokens");
+  model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block, group());
   if (is_last()) return {model_.head(state)};
   return {state.image, state.text, state.temb};
 }

@@ -6,6 +6,8 @@
 //   first piece in:  [packed latents (B, N_img, C), timestep (B,) in [0, 1], guidance (B,) or undefined]
 //   between pieces:  [image (B, N_img, D), text (B, N_txt, D), temb (B, D)]
 //   last piece out:  [noise prediction (B, N_img, C)]
+// When the piece is one of a sequence group's K members (models/flux/sequence_parallel.h), every tensor above
+// holds this member's token shard only (N_img and N_txt its counts) and temb stays whole.
 #include <ATen/ATen.h>
 
 #include <map>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "models/flux/flux_transformer.h"
+#include "models/flux/sequence_parallel.h"
 #include "pipeline/latent_layout.h"
 
 namespace dp::pipeline {
@@ -23,9 +26,12 @@ class FluxStage {
   // the transformer folder. last_block -1 means the model's last block.
   // `offloaded`: blocks of the range the device map puts on "cpu" or "disk"; on CUDA their weights stay in host
   // memory or in the mmapped file and are streamed in per use (models/flux/flux_offload.h).
+  // `shard`: this piece's place in its sequence group; empty counts (the default) or one member: the whole
+  // sequence. Its exchange must outlive the stage.
   FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
             at::Device device, const LatentGrid& grid, int64_t text_tokens,
-            const std::map<int64_t, models::OffloadedWeights>& offloaded = {});
+            const std::map<int64_t, models::OffloadedWeights>& offloaded = {},
+            models::flux::SequenceShard shard = {});
 
   bool is_first() const { return model_.parts().embedders; }
   bool is_last() const { return model_.parts().head; }
@@ -50,8 +56,14 @@ class FluxStage {
     at::Tensor text;    // context_embedder output (B, N_txt, D)
     at::Tensor pooled;  // (B, pooled_projection_dim)
   };
+  // The tokens this piece holds: its shard's text and image counts.
+  int64_t text_count() const { return shard_.text_counts[static_cast<size_t>(shard_.index)]; }
+  int64_t image_count() const { return shard_.image_counts[static_cast<size_t>(shard_.index)]; }
+  const models::flux::SequenceShard* group() const { return shard_.size() > 1 ? &shard_ : nullptr; }
+
   models::FluxTransformer model_;
-  models::flux::RotaryTables rope_;
+  models::flux::SequenceShard shard_;
+  models::flux::RotaryTables rope_;  // rows of this piece's tokens
   std::map<int64_t, Prompts> prompts_;
   uint64_t weight_bytes_ = 0;
 };

@@ -50,11 +50,16 @@ struct Transformer {
   ModuleTree tree{"FluxTransformer2DModel"};
 };
 
-Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
+const io::Component& transformer_component(const io::ModelFolder& folder) {
   const io::Component* found = nullptr;
   for (const auto& c : folder.components())
     if (c.class_name == "FluxTransformer2DModel") found = &c;
   DP_CHECK(found != nullptr, folder.dir(), ": no FluxTransformer2DModel component (model_index.json or config.json)");
+  return *found;
+}
+
+Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
+  const io::Component* found = &transformer_component(folder);
   DP_CHECK(found->has_weights, found->path, ": the transformer has no *.safetensors weights (headers are needed)");
   Transformer t{*found, {}, ModuleTree("FluxTransformer2DModel")};
   const std::string config_path = (fs::path(found->path) / "config.json").string();
@@ -64,6 +69,13 @@ Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
 }
 
 }  // namespace
+
+models::FluxConfig read_transformer_config(const std::string& model_dir) {
+  DP_CHECK(!model_dir.empty(), "--model is required");
+  const auto folder = io::ModelFolder::open(model_dir);
+  const std::string config_path = (fs::path(transformer_component(folder).path) / "config.json").string();
+  return models::FluxConfig::from_json(read_json_file(config_path), config_path);
+}
 
 int64_t runtime_holdback_bytes(const models::FluxConfig& config, const std::vector<TimedUnit>& units,
                                const TimingModel& timing, io::DType dtype, int world) {

@@ -47,7 +47,13 @@ MaxMemory read_max_memory_argument(const std::string& argument);
 int64_t runtime_holdback_bytes(const models::FluxConfig& config, const std::vector<TimedUnit>& units,
                                const TimingModel& timing, io::DType dtype, int world);
 
+// The transformer's config.json of a model folder (or of the transformer folder itself), without its headers:
+// what checks made before any planning need (the attention heads for --sequence-parallel).
+models::FluxConfig read_transformer_config(const std::string& model_dir);
+
 // The whole plan as one JSON object; throws dp::Error naming the file, key or value at fault.
+// With timing.sequence_parallel = K, the world is one of S stage groups (GPU d of a map = stage group d) and
+// stage times are one rank's (stage_timing.h).
 nlohmann::ordered_json make_plan(const PlanRequest& request);
 
 }  // namespace dp::placement

@@ -6,11 +6,18 @@
 #include <utility>
 
 #include "core/error.h"
+#include "placement/mesh.h"
 
 namespace dp::placement {
 
 double LinkModel::transfer_ms(int64_t bytes) const {
   return latency_us * 1e-3 + static_cast<double>(bytes) / (gb_per_s * 1e9) * 1e3;
+}
+
+double GroupExchange::ms(int64_t images) const {
+  if (collectives == 0) return 0;
+  return static_cast<double>(collectives) * link.latency_us * 1e-3 +
+         static_cast<double>(bytes_per_image * images) / (link.gb_per_s * 1e9) * 1e3;
 }
 
 namespace {
@@ -78,6 +85,21 @@ void check_input(const RingSimulationInput& in) {
   for (int64_t bytes : {in.prompt_bytes_per_image, in.step_input_bytes_per_image, in.activation_bytes_per_image,
                         in.noise_bytes_per_image})
     DP_CHECK(bytes >= 0, "message sizes must be non-negative, got ", bytes, " bytes");
+  const int k = in.sequence_parallel;
+  DP_CHECK(k >= 1, "--sequence-parallel must be at least 1, got ", k);
+  for (size_t i = 0; i < in.stage_ranks.size(); ++i)
+    DP_CHECK(in.stage_ranks[i] % k == 0, "stage ", i, " starts at rank ", in.stage_ranks[i],
+             ", which is not the first rank of a group of ", k, " (rank = group x ", k, " + shard)");
+  DP_CHECK(in.stage_exchanges.empty() || in.stage_exchanges.size() == in.stage_ranks.size(), "the ring simulation got ",
+           in.stage_exchanges.size(), " group exchange(s) for ", in.stage_ranks.size(), " stage(s)");
+  for (const auto& e : in.stage_exchanges) {
+    DP_CHECK(e.collectives >= 0 && e.bytes_per_image >= 0, "a group exchange must be non-negative, got ",
+             e.collectives, " all-to-alls of ", e.bytes_per_image, " bytes");
+    DP_CHECK(e.collectives == 0 || (e.link.gb_per_s > 0 && std::isfinite(e.link.gb_per_s) && e.link.latency_us >= 0 &&
+                                    std::isfinite(e.link.latency_us)),
+             "the all-to-all link '", e.link.name, "' needs a positive bandwidth and a non-negative latency, got ",
+             e.link.gb_per_s, " GB/s and ", e.link.latency_us, " us");
+  }
 }
 
 // The replay. Every stage rank and every link serves its work first come, first served, and every step
@@ -86,14 +108,22 @@ void check_input(const RingSimulationInput& in) {
 class Replay {
  public:
   explicit Replay(const RingSimulationInput& in) : in_(in), stages_(in.stage_ranks.size()) {
-    const auto add_link = [&](int from, int to) { links_.push_back({from, to, 0, 0, 0}); };
-    if (!first_on_coordinator()) add_link(0, in_.stage_ranks.front());
-    for (size_t i = 0; i + 1 < stages_; ++i) add_link(in_.stage_ranks[i], in_.stage_ranks[i + 1]);
-    if (in_.stage_ranks.back() != 0) add_link(in_.stage_ranks.back(), 0);
+    const int k = in_.sequence_parallel;
+    // Shards rank 0 sends per message to the first group, and receives from the last: none of its own.
+    scatter_ = first_on_coordinator() ? k - 1 : k;
+    gather_ = in_.stage_ranks.back() == 0 ? k - 1 : k;
+    const auto add_link = [&](int from, int to, int parallel, int peers) {
+      links_.push_back({from, to, 0, 0, 0, parallel, peers});
+    };
+    if (scatter_ > 0) add_link(0, in_.stage_ranks.front() + (first_on_coordinator() ? 1 : 0), 1, scatter_);
+    for (size_t i = 0; i + 1 < stages_; ++i) add_link(in_.stage_ranks[i], in_.stage_ranks[i + 1], k, 1);
+    if (gather_ > 0) add_link(in_.stage_ranks.back() + (in_.stage_ranks.back() == 0 ? 1 : 0), 0, 1, gather_);
     link_free_.assign(links_.size(), 0.0);
     link_busy_.assign(links_.size(), 0.0);
     rank_free_.assign(stages_, 0.0);
     compute_.assign(stages_, 0.0);
+    exchange_.assign(stages_, 0.0);
+    exchange_bytes_.assign(stages_, 0);
   }
 
   RingSimulation run() {
@@ -103,9 +133,10 @@ class Replay {
     const int64_t count = static_cast<int64_t>(rows.size());
     double now = 0;  // rank 0's clock
     // send_prompts for every microbatch, before the loop starts.
-    if (!first_on_coordinator()) {
+    if (scatter_ > 0) {
       for (int64_t m = 0; m < count; ++m) {
-        const double through = send(0, 0, in_.prompt_bytes_per_image * rows[static_cast<size_t>(m)], now, false);
+        const double through =
+            send(0, 0, in_.prompt_bytes_per_image * rows[static_cast<size_t>(m)] * scatter_, now, false);
         if (!in_.transfers_overlap_compute) now = through;
       }
     }
@@ -128,16 +159,20 @@ class Replay {
     }
 
     RingSimulation out;
+    out.sequence_parallel = in_.sequence_parallel;
     out.microbatches = count;
     out.total_ms = now;
     out.images_per_s = now > 0 ? static_cast<double>(in_.images) / (now * 1e-3) : 0;
     double compute_sum = 0;
     for (size_t i = 0; i < stages_; ++i) {
-      compute_sum += compute_[i];
-      out.stages.push_back({in_.stage_ranks[i], compute_[i], now > 0 ? compute_[i] / now : 0});
+      const double busy = compute_[i] + exchange_[i];
+      compute_sum += busy;
+      out.stages.push_back({in_.stage_ranks[i], compute_[i], now > 0 ? busy / now : 0, exchange_[i],
+                            exchange_bytes_[i]});
     }
     out.bubble_fraction = now > 0 ? 1.0 - compute_sum / (static_cast<double>(stages_) * now) : 0;
-    const double coordinator_busy = euler_total + (first_on_coordinator() ? compute_.front() : 0.0);
+    const double coordinator_busy =
+        euler_total + (first_on_coordinator() ? compute_.front() + exchange_.front() : 0.0);
     out.coordinator_busy_fraction = now > 0 ? coordinator_busy / now : 0;
     for (size_t l = 0; l < links_.size(); ++l) {
       LinkTraffic traffic = links_[l];
@@ -166,26 +201,35 @@ class Replay {
   double submit(int64_t m, int step, int64_t rows, double now) {
     const double scale = static_cast<double>(rows) / static_cast<double>(in_.microbatch_size);
     size_t link = 0;
-    double arrival = now;  // when the step's input is at the current stage's rank
+    double arrival = now;  // when the step's input is at the current stage's ranks
     double coordinator_free = now;
-    if (!first_on_coordinator()) {
-      arrival = send(link++, step, in_.step_input_bytes_per_image * rows, now, true);
+    if (scatter_ > 0) {
+      arrival = send(link++, step, in_.step_input_bytes_per_image * rows * scatter_, now, true);
       if (!in_.transfers_overlap_compute) coordinator_free = arrival;
     }
     for (size_t i = 0; i < stages_; ++i) {
       const bool on_coordinator = i == 0 && first_on_coordinator();
-      const double start = on_coordinator ? now : std::max(arrival, rank_free_[i]);
-      const double done = start + in_.stage_ms[i] * scale;
-      compute_[i] += done - start;
-      double sender_free = done;
-      if (i + 1 < stages_) {
-        arrival = send(link++, step, in_.activation_bytes_per_image * rows, done, true);
-      } else if (in_.stage_ranks[i] != 0) {
-        arrival = send(link++, step, in_.noise_bytes_per_image * rows, done, true);
-      } else {
-        arrival = done;  // one stage, on rank 0: the noise never leaves it
+      // Rank 0's own stage starts when its group has the inputs (at once with K = 1: arrival is now).
+      const double start = on_coordinator ? arrival : std::max(arrival, rank_free_[i]);
+      const double computed = start + in_.stage_ms[i] * scale;
+      compute_[i] += computed - start;
+      double done = computed;
+      if (!in_.stage_exchanges.empty()) {
+        const double exchange = in_.stage_exchanges[i].ms(rows);
+        done += exchange;
+        exchange_[i] += exchange;
+        if (step == 0) exchange_bytes_[i] += in_.stage_exchanges[i].bytes_per_image * rows;
       }
-      if (!in_.transfers_overlap_compute && (i + 1 < stages_ || in_.stage_ranks[i] != 0)) sender_free = arrival;
+      double sender_free = done;
+      const bool last = i + 1 == stages_;
+      if (!last) {
+        arrival = send(link++, step, in_.activation_bytes_per_image * rows, done, true);
+      } else if (gather_ > 0) {
+        arrival = send(link++, step, in_.noise_bytes_per_image * rows * gather_, done, true);
+      } else {
+        arrival = done;  // one stage of one rank, rank 0: the noise never leaves it
+      }
+      if (!in_.transfers_overlap_compute && (!last || gather_ > 0)) sender_free = arrival;
       rank_free_[i] = sender_free;
       if (on_coordinator) coordinator_free = sender_free;
     }
@@ -195,8 +239,10 @@ class Replay {
 
   const RingSimulationInput& in_;
   const size_t stages_;
+  int scatter_ = 0, gather_ = 0;
   std::vector<LinkTraffic> links_;
-  std::vector<double> link_free_, link_busy_, rank_free_, compute_;
+  std::vector<double> link_free_, link_busy_, rank_free_, compute_, exchange_;
+  std::vector<int64_t> exchange_bytes_;
   std::deque<std::pair<int64_t, double>> returning_;  // steps in flight, with the time their noise is back
 };
 
@@ -208,12 +254,15 @@ RingSimulation simulate_ring(const RingSimulationInput& input) {
 }
 
 RingMessageBytes flux_ring_message_bytes(const models::FluxConfig& c, int64_t height, int64_t width,
-                                         int64_t text_tokens, io::DType dtype) {
+                                         int64_t text_tokens, io::DType dtype, int sequence_parallel) {
   DP_CHECK(height > 0 && width > 0 && height % 16 == 0 && width % 16 == 0, "resolution ", height, "x", width,
            " must be positive multiples of 16");
   DP_CHECK(text_tokens > 0, "text tokens must be positive, got ", text_tokens);
+  DP_CHECK(sequence_parallel >= 1, "--sequence-parallel must be at least 1, got ", sequence_parallel);
   const int64_t element = static_cast<int64_t>(io::dtype_size(dtype));
-  const int64_t image_tokens = (height / 16) * (width / 16);
+  // One rank's shards: the longest, which the first ranks hold (mesh.h); all the tokens for K = 1.
+  text_tokens = token_shard(text_tokens, sequence_parallel, 0).count;
+  const int64_t image_tokens = token_shard((height / 16) * (width / 16), sequence_parallel, 0).count;
   const int64_t d = c.inner_dim();
   RingMessageBytes bytes;
   bytes.prompts = element * (text_tokens * c.joint_attention_dim + c.pooled_projection_dim);
@@ -264,16 +313,35 @@ nlohmann::ordered_json to_json(const LinkModel& link) {
 }
 
 nlohmann::ordered_json to_json(const RingSimulation& s) {
+  // The mesh's figures appear only with K > 1, so that K = 1 prints what it always has.
+  const bool mesh = s.sequence_parallel > 1;
   nlohmann::ordered_json stages = nlohmann::ordered_json::array();
-  for (const auto& st : s.stages)
-    stages.push_back({{"rank", st.rank}, {"compute_ms", st.compute_ms}, {"busy_fraction", st.busy_fraction}});
+  for (const auto& st : s.stages) {
+    nlohmann::ordered_json stage = {{"rank", st.rank}, {"compute_ms", st.compute_ms}, {"busy_fraction", st.busy_fraction}};
+    if (mesh) {
+      stage["group_ranks"] = {st.rank, st.rank + s.sequence_parallel - 1};
+      stage["all_to_all_ms"] = st.all_to_all_ms;
+      stage["all_to_all_bytes_per_step"] = st.all_to_all_bytes_per_step;
+    }
+    stages.push_back(stage);
+  }
   nlohmann::ordered_json links = nlohmann::ordered_json::array();
-  for (const auto& l : s.links)
-    links.push_back({{"from_rank", l.from_rank}, {"to_rank", l.to_rank}, {"bytes_per_step", l.bytes_per_step},
-                     {"bytes_total", l.bytes_total}, {"busy_fraction", l.busy_fraction}});
-  return {{"microbatches", s.microbatches}, {"total_s", s.total_ms * 1e-3}, {"images_per_s", s.images_per_s},
-          {"bubble_fraction", s.bubble_fraction}, {"coordinator_busy_fraction", s.coordinator_busy_fraction},
-          {"stages", stages}, {"links", links}};
+  for (const auto& l : s.links) {
+    nlohmann::ordered_json link = {{"from_rank", l.from_rank}, {"to_rank", l.to_rank},
+                                   {"bytes_per_step", l.bytes_per_step}, {"bytes_total", l.bytes_total},
+                                   {"busy_fraction", l.busy_fraction}};
+    if (mesh) {
+      link["parallel_links"] = l.parallel;
+      link["peer_ranks"] = l.peers;
+    }
+    links.push_back(link);
+  }
+  nlohmann::ordered_json out = {{"microbatches", s.microbatches}, {"total_s", s.total_ms * 1e-3},
+                                {"images_per_s", s.images_per_s}, {"bubble_fraction", s.bubble_fraction},
+                                {"coordinator_busy_fraction", s.coordinator_busy_fraction}, {"stages", stages},
+                                {"links", links}};
+  if (mesh) out["sequence_parallel"] = s.sequence_parallel;
+  return out;
 }
 
 nlohmann::ordered_json to_json(const MapRanks& r) {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "placement/custom_device_map.h"
+#include "placement/mesh.h"
 
 namespace dp::placement {
 namespace {
@@ -16,27 +17,40 @@ int64_t image_tokens(int64_t height, int64_t width) {
   return (height / 16) * (width / 16);
 }
 
-// Linear layers: 2 FLOPs per multiply-add. Per token both block kinds do 12 d^2 multiply-adds (double:
-// qkv 3 + out 1 + MLP 8 per stream; single: qkv 3 + MLP in 4 + fused out 5), and attention over the joint
-// sequence does 2 L^2 d. The modulation linears run on one token.
-double block_flops(const models::FluxConfig& c, int64_t height, int64_t width, int64_t text_tokens, int modulation) {
-  const double d = static_cast<double>(c.inner_dim());
-  const double tokens = static_cast<double>(image_tokens(height, width) + text_tokens);
-  return 24.0 * d * d * tokens + 4.0 * tokens * tokens * d + 2.0 * modulation * d * d;
+// The tokens of one rank of a group of k: the longest image and text shards (mesh.h), all of them for k = 1.
+int64_t rank_share(int64_t tokens, int k) {
+  DP_CHECK(k >= 1, "--sequence-parallel must be at least 1, got ", k);
+  return token_shard(tokens, k, 0).count;
 }
 
-double embedder_flops(const models::FluxConfig& c, int64_t height, int64_t width, int64_t text_tokens) {
+// Linear layers: 2 FLOPs per multiply-add. Per token both block kinds do 12 d^2 multiply-adds (double:
+// qkv 3 + out 1 + MLP 8 per stream; single: qkv 3 + MLP in 4 + fused out 5), and attention over the joint
+// sequence does 2 L^2 d. The modulation linears run on one token. One rank of k: the header says how it splits.
+double block_flops(const models::FluxConfig& c, int64_t height, int64_t width, int64_t text_tokens, int modulation,
+                   int k) {
   const double d = static_cast<double>(c.inner_dim());
-  const double img = static_cast<double>(image_tokens(height, width));
+  const int64_t image = image_tokens(height, width);
+  const double tokens = static_cast<double>(image + text_tokens);
+  const double rank_tokens = static_cast<double>(rank_share(image, k) + rank_share(text_tokens, k));
+  return 24.0 * d * d * rank_tokens + 4.0 * tokens * tokens * d / k + 2.0 * modulation * d * d;
+}
+
+// x_embedder and context_embedder run on the rank's shards; the timestep, guidance and pooled-text embedders
+// on one vector each, on every rank.
+double embedder_flops(const models::FluxConfig& c, int64_t height, int64_t width, int64_t text_tokens, int k) {
+  const double d = static_cast<double>(c.inner_dim());
+  const double img = static_cast<double>(rank_share(image_tokens(height, width), k));
+  const int64_t text = rank_share(text_tokens, k);
   const double patch_in = static_cast<double>(c.in_channels * c.patch_size * c.patch_size);
   const double embedders = c.guidance_embeds ? 2.0 : 1.0;
-  return 2.0 * img * patch_in * d + 2.0 * text_tokens * c.joint_attention_dim * d +
+  return 2.0 * img * patch_in * d + 2.0 * text * c.joint_attention_dim * d +
          embedders * 2.0 * (256.0 * d + d * d) + 2.0 * (c.pooled_projection_dim * d + d * d);
 }
 
-double output_flops(const models::FluxConfig& c, int64_t height, int64_t width) {
+// norm_out's modulation on temb (every rank), proj_out on the rank's image shard.
+double output_flops(const models::FluxConfig& c, int64_t height, int64_t width, int k) {
   const double d = static_cast<double>(c.inner_dim());
-  const double img = static_cast<double>(image_tokens(height, width));
+  const double img = static_cast<double>(rank_share(image_tokens(height, width), k));
   const double out = static_cast<double>(c.patch_size * c.patch_size * c.output_channels());
   return 2.0 * d * 2.0 * d + 2.0 * img * d * out;
 }
@@ -51,19 +65,22 @@ bool under(const std::string& tensor, const std::string& module) {
 
 }  // namespace
 
-double double_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens) {
-  return block_flops(config, height, width, text_tokens, 12);
+double double_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens,
+                          int sequence_parallel) {
+  return block_flops(config, height, width, text_tokens, 12, sequence_parallel);
 }
 
-double single_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens) {
-  return block_flops(config, height, width, text_tokens, 3);
+double single_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens,
+                          int sequence_parallel) {
+  return block_flops(config, height, width, text_tokens, 3, sequence_parallel);
 }
 
 std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& c, const ModuleTree& tree, const TimingModel& t) {
   DP_CHECK(t.batch > 0, "batch must be positive, got ", t.batch);
   const double batch = static_cast<double>(t.batch);
-  const double fd = double_block_flops(c, t.height, t.width, t.text_tokens) * batch;
-  const double fs = single_block_flops(c, t.height, t.width, t.text_tokens) * batch;
+  const int k = t.sequence_parallel;
+  const double fd = double_block_flops(c, t.height, t.width, t.text_tokens, k) * batch;
+  const double fs = single_block_flops(c, t.height, t.width, t.text_tokens, k) * batch;
   // ms per FLOP for blocks of each kind, and for the small layers (calibrated on double blocks when measured).
   double double_ms_per_flop = 1e3 / (t.sustained_tflops * 1e12);
   double single_ms_per_flop = double_ms_per_flop;
@@ -82,7 +99,7 @@ std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& c, const Modul
     units.push_back(std::move(u));
   };
   add("embedders", {"pos_embed", "time_text_embed", "context_embedder", "x_embedder"},
-      embedder_flops(c, t.height, t.width, t.text_tokens) * batch, double_ms_per_flop);
+      embedder_flops(c, t.height, t.width, t.text_tokens, k) * batch, double_ms_per_flop);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string name = "transformer_blocks." + std::to_string(i);
     add(name, {name}, fd, double_ms_per_flop);
@@ -91,13 +108,14 @@ std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& c, const Modul
     const std::string name = "single_transformer_blocks." + std::to_string(i);
     add(name, {name}, fs, single_ms_per_flop);
   }
-  add("output", {"norm_out", "proj_out"}, output_flops(c, t.height, t.width) * batch, double_ms_per_flop);
+  add("output", {"norm_out", "proj_out"}, output_flops(c, t.height, t.width, k) * batch, double_ms_per_flop);
   return units;
 }
 
 int64_t activation_workspace_bytes(const models::FluxConfig& c, const TimingModel& t, io::DType dtype, int num_stages) {
   const int64_t d = c.inner_dim();
-  const int64_t tokens = image_tokens(t.height, t.width) + t.text_tokens;
+  const int64_t tokens = rank_share(image_tokens(t.height, t.width), t.sequence_parallel) +
+                         rank_share(t.text_tokens, t.sequence_parallel);
   const int64_t element = static_cast<int64_t>(io::dtype_size(dtype)) * t.batch;
   const int64_t state = tokens * d + d;                     // hidden states of both streams + temb
   const int64_t intermediates = tokens * (3 * d + 4 * d + d + 5 * d);  // qkv, MLP hidden, attention out, concat

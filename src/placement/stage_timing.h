@@ -28,6 +28,9 @@ struct TimingModel {
   int64_t measured_height = 1024;
   int64_t measured_width = 1024;
   double offload_gb_per_s = 25.0;  // weights offloaded to cpu/disk cross PCIe on every use
+  // K of a mesh (placement/mesh.h): every figure is then one rank's, in a stage group of K ranks that split the
+  // tokens (Ulysses). 1: one GPU per stage, as before.
+  int sequence_parallel = 1;
   bool measured() const { return double_block_ms.has_value() && single_block_ms.has_value(); }
 };
 
@@ -39,15 +42,30 @@ struct TimedUnit {
   double ms = 0;
 };
 
-// FLOPs of one forward pass of each block kind and of the embedders / output layers.
-double double_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens);
-double single_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens);
+// FLOPs of one forward pass of each block kind, for one image, done by one rank of a group of
+// `sequence_parallel` ranks (1: the whole block on one GPU). How the block splits over K ranks:
+//   - the linear layers (q/k/v, out, MLP; 24 d^2 FLOPs per token) run on the rank's own tokens only, so they scale
+//     with its token shard; the longest shard sets the group's pace (mesh.h: token_shard, ceil(N / K) tokens);
+//   - attention (4 L^2 d over the joint sequence of L tokens) is split by heads: after the all-to-all a rank holds
+//     all L tokens of H / K heads, so it does exactly 1/K of it;
+//   - the modulation linears run on the one temb vector, which every rank computes in full (replicated);
+//   - the all-to-alls themselves move bytes, not FLOPs: the ring simulator adds them (mesh_simulation.h).
+// Layer norms, RMSNorm and RoPE are left out at any K, as for one GPU (bandwidth-bound and a few percent).
+double double_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens,
+                          int sequence_parallel = 1);
+double single_block_flops(const models::FluxConfig& config, int64_t height, int64_t width, int64_t text_tokens,
+                          int sequence_parallel = 1);
 
+// The units and their times for one rank (timing.sequence_parallel > 1: one rank of a stage group; flops and ms
+// are that rank's, bytes the whole unit's, which every rank of the group holds). Measured block times calibrate
+// ms per FLOP on one GPU (K = 1) and apply to a rank's share.
 std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& config, const ModuleTree& tree,
                                         const TimingModel& timing);
 
 // Activations a stage keeps on its GPU: input and output states for each micro-batch in flight (one per
 // stage) plus the largest block's intermediates (qkv, MLP hidden, attention output, the single block's concat).
+// With timing.sequence_parallel = K, one rank's: its token shard (the longest); between the all-to-alls it holds
+// q, k, v of all L tokens for H / K heads, which is L / K tokens' worth, the same size.
 int64_t activation_workspace_bytes(const models::FluxConfig& config, const TimingModel& timing, io::DType dtype,
                                    int num_stages);
 

@@ -34,7 +34,10 @@ struct ComponentPlan {
 // Places the components; throws before any weight is read when the map names a GPU index at or past the
 // world size (naming the component, its GPU and the world), or a strategy other than "balanced".
 // `max_memory` is --max-memory as `plan` reads it (empty: every rank's GPU at `plan`'s default budget).
+// With --sequence-parallel K the map's GPUs are the world's stage groups: GPU d is group d, whose first rank
+// (d x K) runs what the map puts there.
 ComponentPlan plan_components(const io::ModelFolder& folder, const std::string& pipeline_device_map,
-                              const std::string& max_memory, at::ScalarType dtype, int world_size);
+                              const std::string& max_memory, at::ScalarType dtype, int world_size,
+                              int sequence_parallel = 1);
 
 }  // namespace dp::runtime

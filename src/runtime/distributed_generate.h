@@ -23,6 +23,9 @@ struct RuntimeOptions {
   // "" or "balanced": which ranks run CLIP, T5 and the VAE (runtime/components.h).
   std::string pipeline_device_map;
   int64_t microbatch_size = 1;
+  // --sequence-parallel K: the world is S stage groups x K ranks (runtime/mesh_layout.h); the device map plans the
+  // S groups (GPU d is group d) and the K ranks of a group split each image's tokens (Ulysses attention).
+  int sequence_parallel = 1;
   double transport_timeout_seconds = 300;
   // --transport: auto, nccl or mpi (see choose_transport).
   std::string transport = "auto";

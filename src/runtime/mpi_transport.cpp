@@ -1,6 +1,7 @@
 #include "runtime/mpi_transport.h"
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <iomanip>
 #include <limits>
@@ -36,12 +37,26 @@ void post_chunks(char* data, int64_t bytes, Post&& post) {
 
 }  // namespace
 
-MpiTransport::MpiTransport(int rank, int world_size, double timeout_seconds)
-    : rank_(rank), world_size_(world_size), timeout_seconds_(timeout_seconds) {
+MpiTransport::MpiTransport(int rank, int world_size, double timeout_seconds, std::vector<int> group)
+    : rank_(rank), world_size_(world_size), timeout_seconds_(timeout_seconds), group_(std::move(group)) {
   DP_CHECK(timeout_seconds > 0, "--transport-timeout must be positive, got ", timeout_seconds);
+  if (group_.size() <= 1) return;
+  const auto me = std::find(group_.begin(), group_.end(), rank_);
+  DP_CHECK(me != group_.end(), "rank ", rank_, " is not in its own sequence group");
+  group_index_ = static_cast<int>(me - group_.begin());
+  // MPI has no non-blocking communicator split. Every rank has just passed the agreements' bounded collectives,
+  // so all are alive and here; the key orders the group's ranks by shard.
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, group_.front(), group_index_, &group_comm_), "MPI_Comm_split (sequence group)");
+  MPI_Comm_set_errhandler(group_comm_, MPI_ERRORS_RETURN);
+  int size = 0, index = -1;
+  MPI_Comm_size(group_comm_, &size);
+  MPI_Comm_rank(group_comm_, &index);
+  DP_CHECK(size == static_cast<int>(group_.size()) && index == group_index_, "rank ", rank_, ": the sequence group's "
+           "communicator has ", size, " ranks (this one ", index, "), expected ", group_.size(), " (", group_index_, ")");
 }
 
 MpiTransport::~MpiTransport() {
+  if (group_comm_ != MPI_COMM_NULL) MPI_Comm_free(&group_comm_);
   // Undelivered sends at destruction mean the run is failing; their requests die with MPI_Abort/Finalize.
   for (auto& p : pending_)
     for (auto& r : p->requests)
@@ -172,9 +187,9 @@ void MpiTransport::wait(std::vector<MPI_Request>& requests, const std::string& w
     progress_sends();
     throw_if_a_rank_failed(rank_);
     const double waited = std::chrono::duration<double>(clock::now() - started).count();
-    DP_CHECK(waited < timeout_seconds_, "rank ", rank_, ": no ", what, " from rank ", peer, " within ", std::fixed,
-             std::setprecision(0), timeout_seconds_, " s (--transport-timeout): rank ", peer,
-             " is stuck, dead or unreachable");
+    DP_CHECK(waited < timeout_seconds_, "rank ", rank_, ": no ", what, peer >= 0 ? str(" from rank ", peer) : "",
+             " within ", std::fixed, std::setprecision(0), timeout_seconds_, " s (--transport-timeout): ",
+             peer >= 0 ? str("rank ", peer) : std::string("a rank of the group"), " is stuck, dead or unreachable");
     // Back off to a millisecond: ranks oversubscribed on few cores must not starve each other by spinning.
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
@@ -182,5 +197,62 @@ void MpiTransport::wait(std::vector<MPI_Request>& requests, const std::string& w
 }
 
 void MpiTransport::report_failure(const std::string& reason) { report_failure_to_coordinator(rank_, reason); }
+
+void MpiTransport::all_to_all(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step) {
+  const auto members = group_.size();
+  DP_CHECK(group_comm_ != MPI_COMM_NULL && send.size() == members && recv.size() == members, "rank ", rank_,
+           ": an all-to-all of ", send.size(), " parts in a sequence group of ", members, " rank(s)");
+  const auto started = std::chrono::steady_clock::now();
+  const auto bytes_of = [](const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
+  // MPI_Ialltoallv takes one buffer with offsets each way, in bytes that must fit an int; this rank's own part
+  // is copied directly.
+  std::vector<int> send_counts(members, 0), send_offsets(members, 0), recv_counts(members, 0), recv_offsets(members, 0);
+  int64_t send_total = 0, recv_total = 0;
+  for (size_t j = 0; j < members; ++j) {
+    DP_CHECK(send[j].is_contiguous() && recv[j].is_contiguous() && send[j].scalar_type() == recv[j].scalar_type(),
+             "rank ", rank_, ": all-to-all parts must be contiguous and of one dtype");
+    if (static_cast<int>(j) == group_index_) continue;
+    send_offsets[j] = static_cast<int>(send_total);
+    recv_offsets[j] = static_cast<int>(recv_total);
+    send_counts[j] = static_cast<int>(bytes_of(send[j]));
+    recv_counts[j] = static_cast<int>(bytes_of(recv[j]));
+    send_total += bytes_of(send[j]);
+    recv_total += bytes_of(recv[j]);
+    DP_CHECK(send_total <= std::numeric_limits<int>::max() && recv_total <= std::numeric_limits<int>::max(), "rank ",
+             rank_, ": an all-to-all of ", std::max(send_total, recv_total), " bytes exceeds MPI's int counts; use "
+             "--transport nccl or a smaller --microbatch-size");
+  }
+  at::Tensor outgoing = at::empty({send_total}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor incoming = at::empty({recv_total}, at::TensorOptions().dtype(at::kByte));
+  for (size_t j = 0; j < members; ++j) {
+    if (static_cast<int>(j) == group_index_) continue;
+    const at::Tensor host = send[j].to(at::kCPU).contiguous();
+    std::memcpy(static_cast<char*>(outgoing.data_ptr()) + send_offsets[j], host.data_ptr(), static_cast<size_t>(send_counts[j]));
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ialltoallv(outgoing.data_ptr(), send_counts.data(), send_offsets.data(), MPI_BYTE, incoming.data_ptr(),
+                           recv_counts.data(), recv_offsets.data(), MPI_BYTE, group_comm_, &request),
+            "MPI_Ialltoallv (sequence group)");
+  recv[static_cast<size_t>(group_index_)].copy_(send[static_cast<size_t>(group_index_)]);
+  std::string peers;
+  for (int r : group_) peers += (peers.empty() ? "" : ", ") + std::to_string(r);
+  std::vector<MPI_Request> requests = {request};
+  wait(requests, str("all-to-all of the sequence group (ranks ", peers, ")"), -1);
+  for (size_t j = 0; j < members; ++j) {
+    if (static_cast<int>(j) == group_index_) continue;
+    const at::Tensor arrived = at::from_blob(static_cast<char*>(incoming.data_ptr()) + recv_offsets[j], recv[j].sizes(),
+                                             at::TensorOptions().dtype(recv[j].scalar_type()));
+    recv[j].copy_(arrived);
+  }
+  exchange_bytes_sent_ += static_cast<uint64_t>(send_total);
+  exchange_bytes_received_ += static_cast<uint64_t>(recv_total);
+  exchange_spans_.push_back({step, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()});
+}
+
+std::vector<ExchangeSpan> MpiTransport::take_exchange_spans() {
+  std::vector<ExchangeSpan> out;
+  out.swap(exchange_spans_);
+  return out;
+}
 
 }  // namespace dp::runtime

@@ -72,6 +72,11 @@ std::string nccl_loaded_version() {
 struct NcclTransport::Channel {
   int peer = -1;
   bool outbound = false;
+  // The sequence group's communicator over its K ranks (this one at `index`) rather than a link; it runs on the
+  // compute stream, so `stream` stays null.
+  bool group = false;
+  int index = 0;
+  std::vector<int> ranks;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   // Inbound only: the header pre-posted for the next message, and the messages being received, oldest first.
@@ -97,8 +102,23 @@ struct NcclTransport::Inbound {
   std::unique_ptr<Event> start, done;
 };
 
+struct NcclTransport::Exchange {
+  int step = -1;
+  std::unique_ptr<Event> start, done;
+};
+
+namespace {
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+  return text;
+}
+
+}  // namespace
+
 NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, const at::Device& device,
-                             const std::vector<NcclLink>& links)
+                             const std::vector<NcclLink>& links, const NcclGroup& group)
     : rank_(rank), world_size_(world_size), timeout_seconds_(timeout_seconds), device_(device) {
   DP_CHECK(timeout_seconds > 0, "--transport-timeout must be positive, got ", timeout_seconds);
   DP_CHECK(device.is_cuda() && device.has_index(), "rank ", rank, ": the NCCL transport needs a CUDA device, got ",
@@ -114,8 +134,14 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   // receive queued after it (NCCL runs a communicator's operations in order), and a ring of such sends waits
   // for ever. With a communicator and a stream per direction, a link's operations are only that link's, posted
   // in message order by both ends (the MPI headers arrive in order), so each send meets its receive.
-  // One unique id per link, all made by rank 0 and broadcast with a bounded wait.
-  std::vector<ncclUniqueId> ids(links.size());
+  // One unique id per link and one per sequence group, all made by rank 0 and broadcast with a bounded wait.
+  const bool grouped_ranks = group.ranks.size() > 1;
+  if (grouped_ranks)
+    DP_CHECK(group.index >= 0 && group.index < group.count &&
+                 std::find(group.ranks.begin(), group.ranks.end(), rank) != group.ranks.end(),
+             "rank ", rank, ": sequence group ", group.index, " of ", group.count, " (ranks ", rank_list(group.ranks),
+             ") does not hold this rank");
+  std::vector<ncclUniqueId> ids(links.size() + (grouped_ranks ? static_cast<size_t>(group.count) : 0));
   if (rank_ == 0)
     for (auto& id : ids) check_nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
   if (!ids.empty()) {
@@ -145,7 +171,26 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
     check_cuda(cudaStreamCreateWithFlags(&channel->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     channels_.push_back(std::move(channel));
   }
+  if (grouped_ranks) {
+    auto channel = std::make_unique<Channel>();
+    channel->group = true;
+    channel->ranks = group.ranks;
+    channel->index = static_cast<int>(std::find(group.ranks.begin(), group.ranks.end(), rank) - group.ranks.begin());
+    channels_.push_back(std::move(channel));
+  }
   check_nccl(ncclGroupStart(), nullptr, "ncclGroupStart");
+  if (grouped_ranks) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    Channel& channel = *channels_.back();
+    const ncclResult_t result = ncclCommInitRankConfig(&channel.comm, static_cast<int>(channel.ranks.size()),
+                                                       ids[links.size() + static_cast<size_t>(group.index)],
+                                                       channel.index, &config);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      ncclGroupEnd();
+      check_nccl(result, &channel, "ncclCommInitRankConfig");
+    }
+  }
   for (size_t k = 0; k < mine.size(); ++k) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -173,6 +218,7 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   std::vector<at::Tensor> probes;
   check_nccl(ncclGroupStart(), nullptr, "ncclGroupStart");
   for (auto& channel : channels_) {
+    if (channel->group) continue;
     probes.push_back(at::empty({kConnectBytes}, at::TensorOptions().device(device_).dtype(at::kByte)));
     void* data = probes.back().data_ptr();
     const size_t bytes = static_cast<size_t>(kConnectBytes);
@@ -187,16 +233,32 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   const ncclResult_t connected = ncclGroupEnd();
   if (connected != ncclSuccess && connected != ncclInProgress) check_nccl(connected, nullptr, "ncclGroupEnd (connect)");
   for (auto& channel : channels_) {
+    if (channel->group) continue;
     settle(*channel, "ncclGroupEnd (connect)");
     Event done(false);
     check_cuda(cudaEventRecord(done.event, channel->stream), "cudaEventRecord");
     wait_until([&] { return cudaEventQuery(done.event) == cudaSuccess; }, "NCCL connection", channel->peer);
   }
 
+  // The group's connections likewise, with one small all-to-all once every link is up.
+  if (grouped_ranks) {
+    const int64_t members = static_cast<int64_t>(group.ranks.size());
+    std::vector<at::Tensor> send, recv;
+    for (int64_t j = 0; j < members; ++j) {
+      send.push_back(at::zeros({kConnectBytes / members}, at::TensorOptions().device(device_).dtype(at::kByte)));
+      recv.push_back(at::empty({kConnectBytes / members}, at::TensorOptions().device(device_).dtype(at::kByte)));
+    }
+    all_to_all_unguarded(send, recv, -1);
+    finish_exchanges_unguarded();
+    exchange_spans_.clear();
+    exchange_bytes_sent_ = exchange_bytes_received_ = 0;
+  }
+
   // The first header of every inbound link is posted now, so a message can start arriving before it is asked for.
   for (auto& channel : channels_)
-    if (!channel->outbound) post_receive(*channel);
-  DP_DEBUG("rank ", rank_, ": NCCL transport ready, ", channels_.size(), " link(s)");
+    if (!channel->outbound && !channel->group) post_receive(*channel);
+  DP_DEBUG("rank ", rank_, ": NCCL transport ready, ", channels_.size() - (grouped_ranks ? 1 : 0), " link(s)",
+           grouped_ranks ? str(" and sequence group ", group.index, " (ranks ", rank_list(group.ranks), ")") : "");
 }
 
 NcclTransport::~NcclTransport() {
@@ -210,7 +272,7 @@ NcclTransport::~NcclTransport() {
     if (send->header_request != MPI_REQUEST_NULL) MPI_Request_free(&send->header_request);
   // A clean end (every send delivered, nothing half received) finalizes the communicators; anything else
   // aborts them, which never waits for a peer.
-  bool clean = !aborted_ && sends_.empty();
+  bool clean = !aborted_ && sends_.empty() && exchange_ == nullptr;
   for (auto& channel : channels_) clean = clean && channel->arriving.empty();
   if (clean) {
     // Finalize flushes each communicator's own operations; all are started, then polled together, bounded.
@@ -238,13 +300,19 @@ NcclTransport::~NcclTransport() {
 
 NcclTransport::Channel* NcclTransport::channel_to(int peer) {
   for (auto& c : channels_)
-    if (c->outbound && c->peer == peer) return c.get();
+    if (!c->group && c->outbound && c->peer == peer) return c.get();
   return nullptr;
 }
 
 NcclTransport::Channel* NcclTransport::channel_from(int peer) {
   for (auto& c : channels_)
-    if (!c->outbound && c->peer == peer) return c.get();
+    if (!c->group && !c->outbound && c->peer == peer) return c.get();
+  return nullptr;
+}
+
+NcclTransport::Channel* NcclTransport::group_channel() {
+  for (auto& c : channels_)
+    if (c->group) return c.get();
   return nullptr;
 }
 
@@ -365,7 +433,7 @@ void NcclTransport::progress() {
   while (!sends_.empty() && send_finished(*sends_.front())) sends_.pop_front();
   for (auto& channel_ptr : channels_) {
     Channel& channel = *channel_ptr;
-    if (channel.outbound) continue;
+    if (channel.outbound || channel.group) continue;
     // A header that has arrived: receive its tensors now, into fresh buffers, while this rank computes.
     while (channel.header_request != MPI_REQUEST_NULL && channel.arriving.size() < kMaxPrepostedMessages) {
       int done = 0;
@@ -559,6 +627,7 @@ void NcclTransport::flush() {
 
 void NcclTransport::flush_unguarded() {
   c10::cuda::CUDAGuard guard(device_);
+  finish_exchanges_unguarded();
   while (!sends_.empty()) {
     wait_until([&] { return send_finished(*sends_.front()); }, "delivery of a message", sends_.front()->peer);
     sends_.pop_front();
@@ -574,6 +643,86 @@ std::vector<TransferSpan> NcclTransport::take_transfer_spans() {
 }
 
 void NcclTransport::report_failure(const std::string& reason) { report_failure_to_coordinator(rank_, reason); }
+
+std::string NcclTransport::describe(const Channel& channel) {
+  if (channel.group) return str("the sequence group (ranks ", rank_list(channel.ranks), ")");
+  return str("the link ", channel.outbound ? "to" : "from", " rank ", channel.peer);
+}
+
+void NcclTransport::all_to_all(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step) {
+  guarded([&] { all_to_all_unguarded(send, recv, step); });
+}
+
+void NcclTransport::finish_exchanges() {
+  guarded([&] { finish_exchanges_unguarded(); });
+}
+
+void NcclTransport::all_to_all_unguarded(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv,
+                                         int step) {
+  c10::cuda::CUDAGuard guard(device_);
+  Channel* group = group_channel();
+  DP_CHECK(group != nullptr && send.size() == group->ranks.size() && recv.size() == send.size(), "rank ", rank_,
+           ": an all-to-all of ", send.size(), " parts without a sequence group of that size");
+  for (size_t j = 0; j < send.size(); ++j)
+    DP_CHECK(send[j].is_cuda() && recv[j].is_cuda() && send[j].is_contiguous() && recv[j].is_contiguous(), "rank ",
+             rank_, ": all-to-all parts must be contiguous tensors on ", device_.str());
+  // One exchange in flight: the host stays at most one all-to-all ahead of the device.
+  finish_exchanges_unguarded();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device_.index()).stream();
+  auto exchange = std::make_unique<Exchange>();
+  exchange->step = step;
+  exchange->start = std::make_unique<Event>(true);
+  exchange->done = std::make_unique<Event>(true);
+  if (exchange->start->event == nullptr || exchange->done->event == nullptr)
+    fail(str("rank ", rank_, ": cudaEventCreate failed"));
+  check_cuda(cudaEventRecord(exchange->start->event, stream), "cudaEventRecord");
+  check_nccl(ncclGroupStart(), group, "ncclGroupStart");
+  for (size_t j = 0; j < send.size(); ++j) {
+    if (static_cast<int>(j) == group->index) continue;
+    const size_t out_bytes = static_cast<size_t>(send[j].numel()) * send[j].element_size();
+    const size_t in_bytes = static_cast<size_t>(recv[j].numel()) * recv[j].element_size();
+    ncclResult_t result = ncclSend(send[j].data_ptr(), out_bytes, ncclUint8, static_cast<int>(j), group->comm, stream);
+    if (result == ncclSuccess || result == ncclInProgress)
+      result = ncclRecv(recv[j].data_ptr(), in_bytes, ncclUint8, static_cast<int>(j), group->comm, stream);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      ncclGroupEnd();
+      check_nccl(result, group, "ncclSend/ncclRecv (all-to-all)");
+    }
+    exchange_bytes_sent_ += out_bytes;
+    exchange_bytes_received_ += in_bytes;
+  }
+  const ncclResult_t grouped = ncclGroupEnd();
+  if (grouped != ncclInProgress) check_nccl(grouped, group, "ncclGroupEnd (all-to-all)");
+  settle(*group, "ncclGroupEnd (all-to-all)");
+  // This rank's own part, on the same stream.
+  recv[static_cast<size_t>(group->index)].copy_(send[static_cast<size_t>(group->index)]);
+  check_cuda(cudaEventRecord(exchange->done->event, stream), "cudaEventRecord");
+  exchange_ = std::move(exchange);
+}
+
+void NcclTransport::finish_exchanges_unguarded() {
+  if (exchange_ == nullptr) return;
+  c10::cuda::CUDAGuard guard(device_);
+  Channel* group = group_channel();
+  wait_until(
+      [&] {
+        const cudaError_t state = cudaEventQuery(exchange_->done->event);
+        if (state == cudaErrorNotReady) return false;
+        check_cuda(state, "cudaEventQuery (all-to-all)");
+        return true;
+      },
+      str("all-to-all of ", describe(*group)), -1);
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, exchange_->start->event, exchange_->done->event) == cudaSuccess)
+    exchange_spans_.push_back({exchange_->step, ms / 1e3});
+  exchange_.reset();
+}
+
+std::vector<ExchangeSpan> NcclTransport::take_exchange_spans() {
+  std::vector<ExchangeSpan> out;
+  out.swap(exchange_spans_);
+  return out;
+}
 
 template <typename Done>
 void NcclTransport::wait_until(Done&& done, const std::string& what, int peer) {
@@ -591,8 +740,9 @@ void NcclTransport::wait_until(Done&& done, const std::string& what, int peer) {
     }
     const double waited = std::chrono::duration<double>(Clock::now() - started).count();
     if (waited >= timeout_seconds_)
-      fail(str("rank ", rank_, ": no ", what, " from rank ", peer, " within ", std::fixed, std::setprecision(0),
-               timeout_seconds_, " s (--transport-timeout): rank ", peer,
+      fail(str("rank ", rank_, ": no ", what, peer >= 0 ? str(" from rank ", peer) : std::string(), " within ",
+               std::fixed, std::setprecision(0), timeout_seconds_, " s (--transport-timeout): ",
+               peer >= 0 ? str("rank ", peer) : std::string("a rank of the sequence group"),
                " is stuck, dead or unreachable; NCCL communicators aborted"));
     // Back off to a millisecond: ranks sharing a GPU and few cores must not starve each other by spinning.
     std::this_thread::sleep_for(pause);
@@ -613,9 +763,10 @@ void NcclTransport::settle(Channel& channel, const char* call) {
     progress();
     check_peers();
     if (std::chrono::duration<double>(Clock::now() - started).count() >= timeout_seconds_)
-      fail(str("rank ", rank_, ": ", call, " on the link ", channel.outbound ? "to" : "from", " rank ", channel.peer,
-               " did not complete within ", std::fixed, std::setprecision(0), timeout_seconds_,
-               " s (--transport-timeout): rank ", channel.peer, " is stuck, dead or unreachable; NCCL communicators aborted"));
+      fail(str("rank ", rank_, ": ", call, " on ", describe(channel), " did not complete within ", std::fixed,
+               std::setprecision(0), timeout_seconds_, " s (--transport-timeout): ",
+               channel.group ? std::string("a rank of the group") : str("rank ", channel.peer),
+               " is stuck, dead or unreachable; NCCL communicators aborted"));
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -627,9 +778,8 @@ void NcclTransport::check_nccl(ncclResult_t result, Channel* channel, const char
     const char* last = ncclGetLastError(channel->comm);
     if (last != nullptr && *last != '\0') detail += str(": ", last);
   }
-  fail(str("rank ", rank_, ": ", call, channel ? str(" on the link ", channel->outbound ? "to" : "from", " rank ",
-                                                   channel->peer) : std::string(),
-           " failed: ", detail, " (", nccl_loaded_version(), "); NCCL communicators aborted"));
+  fail(str("rank ", rank_, ": ", call, channel ? str(" on ", describe(*channel)) : std::string(), " failed: ", detail,
+           " (", nccl_loaded_version(), "); NCCL communicators aborted"));
 }
 
 void NcclTransport::check_cuda(cudaError_t result, const char* call) {

@@ -11,6 +11,12 @@
 // Every wait polls (MPI requests, CUDA events, the communicators' async state) at most the transport
 // timeout; a failure reported by another rank also ends it. On an error or a timeout every communicator is
 // aborted (ncclCommAbort) before the exception that names the rank and NCCL's error leaves.
+//
+// A sequence group (runtime/mesh_layout.h) has one more communicator, over its K ranks, for the all-to-alls
+// around attention: grouped ncclSend/ncclRecv on the compute stream, since the attention that follows needs
+// their result anyway. At most one is in flight: the next one, or finish_exchanges(), first waits (bounded)
+// for the previous one's completion event, so the host runs ahead of the device by one exchange and a dead
+// peer is noticed within the timeout rather than in some later synchronisation.
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -29,14 +35,23 @@ struct NcclLink {
   int from = 0, to = 0;
 };
 
+// This rank's sequence group: its index among the world's `count` groups (all of one size) and its world ranks
+// in shard order. Empty ranks (or one): no group communicator.
+struct NcclGroup {
+  int index = 0;
+  int count = 0;
+  std::vector<int> ranks;
+};
+
 // "NCCL 2.30.7 (/path/libnccl.so.2)": the library this process actually loaded.
 std::string nccl_loaded_version();
 
 class NcclTransport : public Transport {
  public:
-  // Collective over MPI_COMM_WORLD: every rank passes the same `links`. `device` is this rank's GPU.
+  // Collective over MPI_COMM_WORLD: every rank passes the same `links`, and its own `group`. `device` is this
+  // rank's GPU.
   NcclTransport(int rank, int world_size, double timeout_seconds, const at::Device& device,
-                const std::vector<NcclLink>& links);
+                const std::vector<NcclLink>& links, const NcclGroup& group = {});
   ~NcclTransport() override;
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
@@ -51,11 +66,17 @@ class NcclTransport : public Transport {
   uint64_t bytes_received() const override { return bytes_received_; }
   bool times_transfers_on_device() const override { return true; }
   std::vector<TransferSpan> take_transfer_spans() override;
+  void all_to_all(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step) override;
+  void finish_exchanges() override;
+  std::vector<ExchangeSpan> take_exchange_spans() override;
+  uint64_t exchange_bytes_sent() const override { return exchange_bytes_sent_; }
+  uint64_t exchange_bytes_received() const override { return exchange_bytes_received_; }
 
  private:
   struct Channel;   // one communicator, one stream, one peer
   struct Outbound;  // a send in flight
   struct Inbound;   // a message whose tensors are being received
+  struct Exchange;  // an all-to-all in flight
 
   void send_unguarded(int peer, Message message);
   Message receive_unguarded(int peer);
@@ -63,6 +84,12 @@ class NcclTransport : public Transport {
   // ring neighbours, a shutdown to an idle rank): header and tensors over MPI, tensors arriving on the host.
   Message receive_over_mpi(int peer);
   void flush_unguarded();
+  void all_to_all_unguarded(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step);
+  void finish_exchanges_unguarded();
+  // The group's communicator (a Channel marked `group`), or null.
+  Channel* group_channel();
+  // "the link to rank 3", "the sequence group (ranks 2, 3)": for messages.
+  static std::string describe(const Channel& channel);
   // Runs `work`; on any exception aborts every communicator before it propagates.
   template <typename Work>
   void guarded(Work&& work);
@@ -72,7 +99,8 @@ class NcclTransport : public Transport {
   void progress();
   void post_receive(Channel& channel);
   bool send_finished(Outbound& send);
-  // Polls `done` until true, at most the timeout; `what` and `peer` name the wait in the error.
+  // Polls `done` until true, at most the timeout; `what` and `peer` name the wait in the error (peer -1: a rank
+  // of the sequence group).
   template <typename Done>
   void wait_until(Done&& done, const std::string& what, int peer);
   // Waits (bounded) until no NCCL call on `comm` is still in progress; throws on its async error.
@@ -91,6 +119,9 @@ class NcclTransport : public Transport {
   std::deque<std::unique_ptr<Outbound>> sends_;
   std::vector<TransferSpan> spans_;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  std::unique_ptr<Exchange> exchange_;  // the all-to-all in flight
+  std::vector<ExchangeSpan> exchange_spans_;
+  uint64_t exchange_bytes_sent_ = 0, exchange_bytes_received_ = 0;
   bool aborted_ = false;
   bool progressing_ = false;  // progress() runs inside waits that progress() itself may start
 };

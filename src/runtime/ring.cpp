@@ -28,6 +28,18 @@ void add_transfer_spans(RankTimes& times, Transport* transport) {
   }
 }
 
+// A stage run's all-to-alls, once finished (bounded): a dead peer of the group ends the wait within the timeout
+// here rather than in a later synchronisation of the device.
+void add_exchanges(RankTimes& times, Transport* transport, const GroupExchange* exchange) {
+  if (transport == nullptr || exchange == nullptr) return;
+  transport->finish_exchanges();
+  for (const auto& span : transport->take_exchange_spans()) {
+    times.exchange_seconds += span.seconds;
+    ++times.exchanges;
+    if (span.step >= 0) times.at_step(span.step).exchange_seconds += span.seconds;
+  }
+}
+
 // Host time spent in send or receive, for a transport whose transfers are not timed on the device.
 void add_host_transfer(RankTimes& times, const Transport& transport, int step, bool outbound, double seconds) {
   if (transport.times_transfers_on_device()) return;
@@ -40,6 +52,13 @@ void add_host_transfer(RankTimes& times, const Transport& transport, int step, b
   }
 }
 
+// Token shard `range` of a (batch, tokens, ...) tensor for one rank of a sequence group; the whole tensor when
+// the group is one rank.
+at::Tensor token_shard_of(const at::Tensor& t, placement::TokenRange range, int sequence_parallel) {
+  if (sequence_parallel == 1) return t;
+  return t.narrow(1, range.first, range.count).contiguous();
+}
+
 }  // namespace
 
 RankTimes::Step& RankTimes::at_step(int step) {
@@ -47,38 +66,11 @@ RankTimes::Step& RankTimes::at_step(int step) {
   return per_step[static_cast<size_t>(std::max(step, 0))];
 }
 
-RingLayout::RingLayout(std::vector<placement::RankStage> stages, int world_size)
-    : stages_(std::move(stages)), world_size_(world_size) {
-  DP_CHECK(!stages_.empty(), "the device map gives no rank any transformer block");
-  for (size_t i = 1; i < stages_.size(); ++i)
-    DP_CHECK(stages_[i].rank != 0, "rank 0 (the coordinator) holds blocks [", stages_[i].first_block, ", ",
-             stages_[i].last_block, ") but not the first ones; it can only start the ring: give GPU 0 the first "
-             "blocks or none");
-}
-
-const placement::RankStage* RingLayout::stage_of(int rank) const {
-  for (const auto& s : stages_)
-    if (s.rank == rank) return &s;
-  return nullptr;
-}
-
-int RingLayout::previous(int rank) const {
-  for (size_t i = 0; i < stages_.size(); ++i)
-    if (stages_[i].rank == rank) return i == 0 ? 0 : stages_[i - 1].rank;
-  return 0;  // idle ranks hear only from the coordinator
-}
-
-int RingLayout::next(int rank) const {
-  for (size_t i = 0; i < stages_.size(); ++i)
-    if (stages_[i].rank == rank) return i + 1 == stages_.size() ? 0 : stages_[i + 1].rank;
-  return 0;
-}
-
-RingExecutor::RingExecutor(const RingLayout& layout, Transport* transport,
+RingExecutor::RingExecutor(const MeshLayout& layout, Transport* transport,
                            std::shared_ptr<pipeline::FluxStage> local_stage, const at::Device& device,
-                           double timeout_seconds)
+                           double timeout_seconds, GroupExchange* exchange)
     : layout_(layout), transport_(transport), local_(std::move(local_stage)), clock_(device),
-      timeout_seconds_(timeout_seconds) {
+      timeout_seconds_(timeout_seconds), exchange_(exchange) {
   DP_CHECK(layout_.coordinator_runs_first_stage() == (local_ != nullptr),
            "the coordinator's first stage and the ring layout disagree");
 }
@@ -89,21 +81,30 @@ Transport& RingExecutor::transport() {
 }
 
 void RingExecutor::send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) {
-  if (local_) {
-    local_->set_prompts(microbatch, prompt_embeds, pooled);
-    return;
+  const auto ranks = layout_.first_ranks();
+  for (int k = 0; k < layout_.sequence_parallel(); ++k) {
+    at::Tensor text = token_shard_of(prompt_embeds, layout_.text_shard(k), layout_.sequence_parallel());
+    if (ranks[k] == 0) local_->set_prompts(microbatch, text, pooled);
+    else transport().send(ranks[k], {MessageKind::prompts, microbatch, -1, {std::move(text), pooled}});
   }
-  transport().send(layout_.first_rank(), {MessageKind::prompts, microbatch, -1, {prompt_embeds, pooled}});
 }
 
 void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) {
-  if (!local_) {
-    transport().send(layout_.first_rank(), {MessageKind::step, microbatch, step, std::move(inputs)});
-    return;
+  // Every shard's latents leave before rank 0 computes its own: the group's ranks meet in all-to-alls inside it.
+  const auto ranks = layout_.first_ranks();
+  std::vector<at::Tensor> local_inputs;
+  for (int k = 0; k < layout_.sequence_parallel(); ++k) {
+    std::vector<at::Tensor> shard = inputs;
+    shard[0] = token_shard_of(inputs[0], layout_.image_shard(k), layout_.sequence_parallel());
+    if (ranks[k] == 0) local_inputs = std::move(shard);
+    else transport().send(ranks[k], {MessageKind::step, microbatch, step, std::move(shard)});
   }
+  if (!local_) return;
+  if (exchange_ != nullptr) exchange_->at_step(step);
   clock_.begin();
-  auto outputs = local_->run(microbatch, inputs);
+  auto outputs = local_->run(microbatch, local_inputs);
   clock_.end(step);
+  add_exchanges(times_, transport_, exchange_);
   clock_.collect(times_, false, timeout_seconds_);
   ++times_.at_step(step).microbatches;
   ++times_.steps;
@@ -122,20 +123,39 @@ void RingExecutor::listen_to(int peer, std::function<void(Message&)> handler) {
 }
 
 pipeline::StepResult RingExecutor::wait_result() {
+  const auto last = layout_.last_ranks();
+  const bool whole_ring_here = local_ && local_->is_last() && last.size() == 1;
   // When rank 0 runs the whole ring, nothing below receives: take the images that have arrived here, so that
   // they are written as they come and the decoding rank's sends never back up.
-  const bool whole_ring_here = local_ && local_->is_last();
   while (whole_ring_here && side_handler_ && transport_ != nullptr && transport_->has_message(side_peer_)) {
     Message message = transport_->receive(side_peer_);
     side_handler_(message);  // checks that it is the images it expects
   }
-  if (!local_results_.empty()) {
-    auto result = std::move(local_results_.front());
+  std::vector<pipeline::StepResult> shards;
+  if (local_ && local_->is_last()) {
+    DP_CHECK(!local_results_.empty(), "rank 0: waiting for a step that was never submitted");
+    shards.push_back(std::move(local_results_.front()));
     local_results_.erase(local_results_.begin());
-    return result;
+    if (whole_ring_here) return std::move(shards.front());
   }
-  std::vector<int> peers = {layout_.last_rank()};
-  if (side_handler_ && side_peer_ != layout_.last_rank()) peers.push_back(side_peer_);
+  for (int rank : last)
+    if (rank != 0) shards.push_back(receive_noise(rank));
+  if (shards.size() == 1) return std::move(shards.front());
+  // The shards are the noise prediction's image tokens in order, all of one step of one microbatch: every
+  // chain of the mesh carries the steps in the order rank 0 submitted them.
+  std::vector<at::Tensor> parts;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    DP_CHECK(shards[k].microbatch == shards[0].microbatch && shards[k].step == shards[0].step, "rank 0: token shard ",
+             k, " of the noise prediction (from rank ", last[k], ") is of microbatch ", shards[k].microbatch, " step ",
+             shards[k].step, ", shard 0 of microbatch ", shards[0].microbatch, " step ", shards[0].step);
+    parts.push_back(std::move(shards[k].noise_pred));
+  }
+  return {shards[0].microbatch, shards[0].step, at::cat(parts, 1)};
+}
+
+pipeline::StepResult RingExecutor::receive_noise(int peer) {
+  std::vector<int> peers = {peer};
+  if (side_handler_ && side_peer_ != peer) peers.push_back(side_peer_);
   for (;;) {
     const auto started = std::chrono::steady_clock::now();
     Message message = transport().receive_any(peers);
@@ -148,33 +168,33 @@ pipeline::StepResult RingExecutor::wait_result() {
     // A result consumed: the device spans that finished meanwhile are read without waiting.
     clock_.collect(times_, false, timeout_seconds_);
     add_transfer_spans(times_, transport_);
-    DP_CHECK(message.kind == MessageKind::noise && message.source == layout_.last_rank() &&
-                 message.tensors.size() == 1 && message.tensors[0].defined(),
-             "rank 0: expected a noise prediction from rank ", layout_.last_rank(), ", got a ",
-             message_kind_name(message.kind), " message with ", message.tensors.size(), " tensor(s) from rank ",
-             message.source);
+    DP_CHECK(message.kind == MessageKind::noise && message.source == peer && message.tensors.size() == 1 &&
+                 message.tensors[0].defined(),
+             "rank 0: expected a noise prediction from rank ", peer, ", got a ", message_kind_name(message.kind),
+             " message with ", message.tensors.size(), " tensor(s) from rank ", message.source);
     return {message.microbatch, message.step, std::move(message.tensors[0])};
   }
 }
 
 void RingExecutor::release(int64_t microbatch) {
-  if (local_) {
-    local_->forget(microbatch);
-    return;
+  for (int rank : layout_.first_ranks()) {
+    if (rank == 0) local_->forget(microbatch);
+    else transport().send(rank, {MessageKind::release, microbatch, -1, {}});
   }
-  transport().send(layout_.first_rank(), {MessageKind::release, microbatch, -1, {}});
 }
 
 int RingExecutor::max_in_flight() const { return static_cast<int>(layout_.stages().size()); }
 
 void RingExecutor::shutdown() {
-  // Round the ring from its first worker, plus every rank without blocks.
+  // Round the ring of every shard from its first worker, plus every rank without blocks.
   if (layout_.world_size() == 1) {
     clock_.collect(times_, true, timeout_seconds_);
     return;
   }
-  const int first_worker = local_ ? layout_.next(0) : layout_.first_rank();
-  if (first_worker != 0) transport().send(first_worker, {MessageKind::shutdown, -1, -1, {}});
+  for (int first : layout_.first_ranks()) {
+    const int first_worker = first == 0 ? layout_.next(0) : first;
+    if (first_worker != 0) transport().send(first_worker, {MessageKind::shutdown, -1, -1, {}});
+  }
   for (int r = 1; r < layout_.world_size(); ++r)
     if (layout_.stage_of(r) == nullptr) transport().send(r, {MessageKind::shutdown, -1, -1, {}});
   transport().flush();
@@ -182,9 +202,9 @@ void RingExecutor::shutdown() {
   add_transfer_spans(times_, transport_);
 }
 
-RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage,
+RankTimes run_stage_worker(int rank, const MeshLayout& layout, Transport& transport, pipeline::FluxStage* stage,
                            const at::Device& device, double timeout_seconds,
-                           const std::function<void(Message&)>& on_decode) {
+                           const std::function<void(Message&)>& on_decode, GroupExchange* exchange) {
   RankTimes times;
   ComputeClock clock(device);
   const auto began = std::chrono::steady_clock::now();
@@ -231,9 +251,11 @@ RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transp
       case MessageKind::step:
       case MessageKind::activations: {
         if (stage == nullptr || (message.kind == MessageKind::step) != stage->is_first()) unexpected();
+        if (exchange != nullptr) exchange->at_step(message.step);
         clock.begin();
         auto outputs = stage->run(message.microbatch, message.tensors);
         clock.end(message.step);
+        add_exchanges(times, &transport, exchange);
         ++times.at_step(message.step).microbatches;
         ++times.steps;
         const MessageKind kind = stage->is_last() ? MessageKind::noise : MessageKind::activations;

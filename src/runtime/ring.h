@@ -1,7 +1,8 @@
 #pragma once
-// The denoising ring: coordinator (rank 0) -> stage 0 -> ... -> last stage -> coordinator. Rank 0 may run the
-// first stage itself; ranks without blocks idle until the run ends. The coordinator's side is a
-// pipeline::StageExecutor, so pipeline/denoise_loop.h drives one rank or N the same way.
+// The denoising ring: coordinator (rank 0) -> stage 0 -> ... -> last stage -> coordinator, once per token shard
+// of a mesh (runtime/mesh_layout.h). Rank 0 may run the first stage (its shard 0) itself; ranks without blocks
+// idle until the run ends. The coordinator's side is a pipeline::StageExecutor, so pipeline/denoise_loop.h
+// drives one rank or N the same way.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -10,30 +11,11 @@
 #include "pipeline/flux_stage.h"
 #include "placement/ring_stages.h"
 #include "runtime/compute_clock.h"
+#include "runtime/group_exchange.h"
+#include "runtime/mesh_layout.h"
 #include "runtime/transport.h"
 
 namespace dp::runtime {
-
-// Who sends to whom. Throws when rank 0 holds blocks but not the first ones (the coordinator can only
-// start the ring).
-class RingLayout {
- public:
-  RingLayout(std::vector<placement::RankStage> stages, int world_size);
-  const std::vector<placement::RankStage>& stages() const { return stages_; }
-  int world_size() const { return world_size_; }
-  // The stage `rank` runs, or null for a rank without blocks.
-  const placement::RankStage* stage_of(int rank) const;
-  bool coordinator_runs_first_stage() const { return stages_.front().rank == 0; }
-  int first_rank() const { return stages_.front().rank; }
-  int last_rank() const { return stages_.back().rank; }
-  // The rank a stage rank receives from (0 for the first stage) and sends to (0 after the last stage).
-  int previous(int rank) const;
-  int next(int rank) const;
-
- private:
-  std::vector<placement::RankStage> stages_;
-  int world_size_;
-};
 
 // Per-rank figures for --report, in total and per denoising step (summed over the step's microbatches).
 // On CUDA, compute is device time (CUDA events round the stage's forward); send and receive are device time
@@ -46,12 +28,17 @@ struct RankTimes {
     double receive_seconds = 0;  // host: blocked waiting for this step's input (or, on rank 0, its result);
                                  // device: the receiving transfers of this step
     double send_seconds = 0;     // host: staging and queueing this step's output; device: its sending transfers
+    double exchange_seconds = 0;  // the sequence group's all-to-alls (part of compute_seconds)
     int64_t microbatches = 0;
   };
   double compute_seconds = 0;
   double wait_seconds = 0;  // receiving, whatever the message (host or device time, as above)
   double send_seconds = 0;
   double host_wait_seconds = 0;  // the host blocked in receive, whatever the clock of the figures above
+  // The sequence group's all-to-alls, on the transport's clock (device for NCCL, host for MPI); they happen
+  // inside the stage's forward, so compute_seconds includes them.
+  double exchange_seconds = 0;
+  int64_t exchanges = 0;
   int64_t steps = 0;        // microbatch steps this rank computed
   double wall_seconds = 0;  // the denoising phase on this rank, from its first wait to the shutdown
   std::vector<Step> per_step;
@@ -62,9 +49,10 @@ struct RankTimes {
 class RingExecutor : public pipeline::StageExecutor {
  public:
   // transport may be null in a world of one (nothing is sent). `device` is the coordinator's (its compute is
-  // timed there); timeout_seconds bounds the final wait for the timing of queued device work.
-  RingExecutor(const RingLayout& layout, Transport* transport, std::shared_ptr<pipeline::FluxStage> local_stage,
-               const at::Device& device, double timeout_seconds);
+  // timed there); timeout_seconds bounds the final wait for the timing of queued device work. `exchange`: the
+  // local stage's sequence group exchange, when rank 0 shares the first stage with other ranks.
+  RingExecutor(const MeshLayout& layout, Transport* transport, std::shared_ptr<pipeline::FluxStage> local_stage,
+               const at::Device& device, double timeout_seconds, GroupExchange* exchange = nullptr);
   void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) override;
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override;
   pipeline::StepResult wait_result() override;
@@ -79,7 +67,9 @@ class RingExecutor : public pipeline::StageExecutor {
   const RankTimes& times() const { return times_; }
 
  private:
-  const RingLayout& layout_;
+  // A noise prediction (or its token shard) from `peer`, taking the side peer's messages meanwhile.
+  pipeline::StepResult receive_noise(int peer);
+  const MeshLayout& layout_;
   Transport& transport();
   Transport* transport_;
   std::shared_ptr<pipeline::FluxStage> local_;
@@ -89,12 +79,14 @@ class RingExecutor : public pipeline::StageExecutor {
   RankTimes times_;
   int side_peer_ = -1;
   std::function<void(Message&)> side_handler_;
+  GroupExchange* exchange_;
 };
 
 // A rank other than 0: runs its stage for every message until shutdown (idle ranks just wait for it). On the
 // decoding rank `on_decode` takes the coordinator's decode messages as they arrive, between ring messages.
-RankTimes run_stage_worker(int rank, const RingLayout& layout, Transport& transport, pipeline::FluxStage* stage,
+// `exchange`: the stage's sequence group exchange (null when the group is this rank alone).
+RankTimes run_stage_worker(int rank, const MeshLayout& layout, Transport& transport, pipeline::FluxStage* stage,
                            const at::Device& device, double timeout_seconds,
-                           const std::function<void(Message&)>& on_decode = {});
+                           const std::function<void(Message&)>& on_decode = {}, GroupExchange* exchange = nullptr);
 
 }  // namespace dp::runtime

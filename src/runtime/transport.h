@@ -55,6 +55,13 @@ struct TransferSpan {
   double seconds = 0;
 };
 
+// One finished all-to-all of this rank's sequence group: its step and its seconds, on the device when the
+// transport times its transfers there, else on the host (staging included).
+struct ExchangeSpan {
+  int step = -1;
+  double seconds = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -79,6 +86,20 @@ class Transport {
   virtual bool times_transfers_on_device() const { return false; }
   // The spans of the transfers finished since the last call (device-timed transports only).
   virtual std::vector<TransferSpan> take_transfer_spans() { return {}; }
+
+  // The all-to-all of this rank's sequence group, the ranks the transport was built with (runtime/mesh_layout.h):
+  // send[j] goes to the group's j-th rank and recv[j] is filled from it (slot of this rank: a local copy).
+  // Collective over the group, every member in the same order; bounded by the timeout like every wait, and a
+  // failure reported by another rank ends it. `step` files its time under that denoising step. The transport may
+  // return before the exchange is done when later work on this rank's device is ordered after it.
+  virtual void all_to_all(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step) = 0;
+  // Waits (bounded) until every all-to-all started has finished, so that no later synchronisation of the device
+  // can wait on a dead peer without a bound.
+  virtual void finish_exchanges() {}
+  // The all-to-alls finished since the last call.
+  virtual std::vector<ExchangeSpan> take_exchange_spans() = 0;
+  virtual uint64_t exchange_bytes_sent() const = 0;
+  virtual uint64_t exchange_bytes_received() const = 0;
 };
 
 }  // namespace dp::runtime

@@ -4,7 +4,8 @@ FluxPipeline.from_pretrained and give the same packed latents and images as `dif
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and the pinned venv (torch, diffusers, transformers, h5py, PIL).
 DIFFPIPE_LAUNCH, when set, prefixes the generate commands (e.g. "mpirun --oversubscribe -np 3"), so the same
-comparison checks a multi-rank run.
+comparison checks a multi-rank run. DIFFPIPE_GENERATE_EXTRA adds generate options (e.g. "--sequence-parallel 3")
+and DIFFPIPE_MAKE_TINY_EXTRA make-tiny options (e.g. "--attention-heads 12", a head count K = 3 and 4 divide).
 Exits non-zero with a message naming the first check that failed."""
 import os
 import pathlib
@@ -44,6 +45,7 @@ def generate(binary: str, model: pathlib.Path, out: pathlib.Path, output_type: s
                 "--width", str(CALL["width"]), "--steps", str(CALL["steps"]), "--seed", str(CALL["seed"]),
                 "--guidance", str(CALL["guidance"]), "--max-sequence-length", str(CALL["max_sequence_length"]),
                 "--output-type", output_type, "--out", str(out)]
+    command += os.environ.get("DIFFPIPE_GENERATE_EXTRA", "").split()
     run(command)
 
 
@@ -76,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="diffpipe-tiny-") as tmp:
         tmp = pathlib.Path(tmp)
         model = tmp / "pipe"
-        print(run([binary, "make-tiny", "--out", str(model)]).strip())
+        print(run([binary, "make-tiny", "--out", str(model)] + os.environ.get("DIFFPIPE_MAKE_TINY_EXTRA", "").split()).strip())
         generate(binary, model, tmp / "l.h5", "latent")
         generate(binary, model, tmp / "img.png", "png")
 

@@ -128,8 +128,8 @@ DoubleBlock DoubleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
   return b;
 }
 
-void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
-                          const RotaryTables& rope) const {
+void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+                          const SequenceShard* shard) const {
   const at::Tensor act = at::silu(temb);
   const auto mod = norm1(act).chunk(6, 1);  // shift, scale, gate for attention, then for the MLP
   const auto cmod = norm1_context(act).chunk(6, 1);
@@ -142,7 +142,7 @@ void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
                                                     norm_image.size(-1) / head_dim, head_dim, norm_image.options());
   fill_attention_inputs(attn.added_qkv(norm_text), attn.norm_added_q, attn.norm_added_k, rope, 0, joint_in);
   fill_attention_inputs(attn.qkv(norm_image), attn.norm_q, attn.norm_k, rope, text_len, joint_in);
-  const at::Tensor joint = attention(joint_in.q, joint_in.k, joint_in.v);
+  const at::Tensor joint = group_attention(joint_in.q, joint_in.k, joint_in.v, shard);
   const at::Tensor text_attn = attn.to_add_out(joint.slice(1, 0, text_len).contiguous());
   const at::Tensor image_attn = attn.to_out(joint.slice(1, text_len).contiguous());
 
@@ -164,8 +164,8 @@ SingleBlock SingleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
   return b;
 }
 
-void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
-                          const RotaryTables& rope) const {
+void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+                          const SequenceShard* shard) const {
   const int64_t text_len = text.size(1);
   const at::Tensor residual = joined(text, image);
   const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
@@ -178,7 +178,7 @@ void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   // proj_out reads [attention, gelu(mlp)]: both are written straight into one buffer instead of concatenated.
   const at::Tensor mixed = at::empty({normed.size(0), normed.size(1), dim + mlp_dim}, normed.options());
   linear_gelu_tanh_into(normed, proj_mlp, mixed.narrow(-1, dim, mlp_dim));
-  mixed.narrow(-1, 0, dim).copy_(attention(attention_in.q, attention_in.k, attention_in.v));
+  mixed.narrow(-1, 0, dim).copy_(group_attention(attention_in.q, attention_in.k, attention_in.v, shard));
   const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], proj_out(mixed)));
   text = joint.slice(1, 0, text_len);
   image = joint.slice(1, text_len);

@@ -6,6 +6,7 @@
 
 #include "models/flux/flux_config.h"
 #include "models/flux/flux_layers.h"
+#include "models/flux/sequence_parallel.h"
 #include "models/module_weights.h"
 
 namespace dp::models::flux {
@@ -34,8 +35,10 @@ struct DoubleBlock {
   static DoubleBlock load(const ModuleWeights& w, const FluxConfig& c);
   DoubleBlock map(const TensorMap& f) const;
   uint64_t nbytes() const;
-  // Updates image (B, N, D) and text (B, T, D) in place of the caller's handles.
-  void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;
+  // Updates image (B, N, D) and text (B, T, D) in place of the caller's handles. With a `shard` of several
+  // members they are this member's tokens and `rope` its rows (shard_rotary); attention spans the whole sequence.
+  void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+               const SequenceShard* shard = nullptr) const;
 };
 
 // FluxSingleTransformerBlock: one stream over [text, image], attention and MLP in parallel.
@@ -48,7 +51,8 @@ struct SingleBlock {
   static SingleBlock load(const ModuleWeights& w, const FluxConfig& c);
   SingleBlock map(const TensorMap& f) const;
   uint64_t nbytes() const;
-  void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope) const;
+  void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+               const SequenceShard* shard = nullptr) const;
 };
 
 }  // namespace dp::models::flux

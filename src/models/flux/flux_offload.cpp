@@ -132,7 +132,7 @@ OffloadedBlocks::Slot& OffloadedBlocks::fill(int64_t block) {
 }
 
 void OffloadedBlocks::forward(int64_t block, at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
-                              const flux::RotaryTables& rope) {
+                              const flux::RotaryTables& rope, const flux::SequenceShard* shard) {
   DP_CHECK(holds(block), "block ", block, " is not offloaded");
   Slot* slot = nullptr;
   for (int i = 0; i < 2; ++i)
@@ -141,9 +141,9 @@ void OffloadedBlocks::forward(int64_t block, at::Tensor& image, at::Tensor& text
   const auto compute = at::cuda::getCurrentCUDAStream(root_.device().index());
   slot->copied.block(compute);
   if (slot->double_block) {
-    slot->double_block->forward(image, text, temb, rope);
+    slot->double_block->forward(image, text, temb, rope, shard);
   } else {
-    slot->single_block->forward(image, text, temb, rope);
+    slot->single_block->forward(image, text, temb, rope, shard);
   }
   slot->done.record(compute);
   slot->used = true;
@@ -177,7 +177,8 @@ OffloadedBlocks::~OffloadedBlocks() = default;
 int64_t OffloadedBlocks::next_after(int64_t block) const { return block; }
 void OffloadedBlocks::retire(Slot&) {}
 OffloadedBlocks::Slot& OffloadedBlocks::fill(int64_t) { DP_FAIL("no CUDA support"); }
-void OffloadedBlocks::forward(int64_t, at::Tensor&, at::Tensor&, const at::Tensor&, const flux::RotaryTables&) {
+void OffloadedBlocks::forward(int64_t, at::Tensor&, at::Tensor&, const at::Tensor&, const flux::RotaryTables&,
+                              const flux::SequenceShard*) {
   DP_FAIL("no CUDA support");
 }
 OffloadStats OffloadedBlocks::stats() { return stats_; }

@@ -45,7 +45,7 @@ class OffloadedBlocks {
   // Runs offloaded block `block` on the current stream (copying its weights in first unless prefetched), then
   // starts the copy of the next offloaded block.
   void forward(int64_t block, at::Tensor& image, at::Tensor& text, const at::Tensor& temb,
-               const flux::RotaryTables& rope);
+               const flux::RotaryTables& rope, const flux::SequenceShard* shard = nullptr);
   // Waits for the copies in flight, so the times are complete.
   OffloadStats stats();
 

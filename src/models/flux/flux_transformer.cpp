@@ -115,19 +115,19 @@ flux::RotaryTables FluxTransformer::rotary(const at::Tensor& txt_ids, const at::
 }
 
 void FluxTransformer::run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first,
-                                 int64_t last) const {
+                                 int64_t last, const flux::SequenceShard* shard) const {
   DP_CHECK(first >= parts_.first_block && last <= parts_.last_block && first <= last, "blocks [", first, ", ", last,
            ") requested but this instance holds [", parts_.first_block, ", ", parts_.last_block, ")");
   DP_CHECK(rope.cos.size(0) == state.text.size(1) + state.image.size(1), "rotary tables cover ", rope.cos.size(0),
            " positions but the state has ", state.text.size(1), " text + ", state.image.size(1), " image tokens");
   for (int64_t b = first; b < last; ++b) {
     if (offloaded_ && offloaded_->holds(b)) {
-      offloaded_->forward(b, state.image, state.text, state.temb, rope);
+      offloaded_->forward(b, state.image, state.text, state.temb, rope, shard);
     } else if (b < config_.num_layers) {
-      double_blocks_[static_cast<size_t>(b - parts_.first_block)].forward(state.image, state.text, state.temb, rope);
+      double_blocks_[static_cast<size_t>(b - parts_.first_block)].forward(state.image, state.text, state.temb, rope, shard);
     } else {
       const int64_t first_single = std::max(parts_.first_block, config_.num_layers);
-      single_blocks_[static_cast<size_t>(b - first_single)].forward(state.image, state.text, state.temb, rope);
+      single_blocks_[static_cast<size_t>(b - first_single)].forward(state.image, state.text, state.temb, rope, shard);
     }
   }
 }

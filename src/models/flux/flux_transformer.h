@@ -69,7 +69,10 @@ class FluxTransformer {
   FluxActivations embed(const FluxInputs& inputs) const;
   // Needs no weights: every rank recomputes the tables for its sequence layout.
   flux::RotaryTables rotary(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
-  void run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first, int64_t last) const;
+  // With a `shard` of several members, `state` holds this member's tokens (text and image shards) and `rope`
+  // their rows (flux::shard_rotary); each block's attention still spans the whole sequence.
+  void run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first, int64_t last,
+                  const flux::SequenceShard* shard = nullptr) const;
   at::Tensor head(const FluxActivations& state) const;
   // Copies of offloaded blocks so far; empty (all zero) when none are streamed.
   OffloadStats offload_stats() const;

@@ -1,0 +1,148 @@
+#include "runtime/ring_phase.h"
+
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <chrono>
+#include <filesystem>
+#include <iomanip>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/run_dtype.h"
+#include "io/torch_tensors.h"
+#include "pipeline/denoise_loop.h"
+#include "pipeline/finite_check.h"
+#include "pipeline/phase_guard.h"
+#include "pipeline/stage_timer.h"
+#include "runtime/checkpointing.h"
+#include "runtime/world.h"
+
+namespace dp::runtime {
+namespace {
+
+// What a checkpoint records besides the loop's state: the run, the model, the plan, the schedule, the prompts.
+io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSchedule& schedule,
+                               const pipeline::PromptEmbeddings& prompts) {
+  const auto& request = run.request;
+  const auto& checkpoints = run.checkpoints();
+  io::Checkpoint base;
+  base.run.prompts = request.prompts;
+  base.run.num_images_per_prompt = request.num_images_per_prompt;
+  base.run.height = request.height;
+  base.run.width = request.width;
+  base.run.steps = request.steps;
+  base.run.guidance = request.guidance;
+  base.run.seed = request.seed;
+  base.run.max_sequence_length = request.max_sequence_length;
+  base.run.dtype = io::run_dtype_name(request.dtype);
+  base.run.microbatch_size = run.options.microbatch_size;
+  base.model_dir = std::filesystem::absolute(run.flux.folder().dir()).string();
+  base.model_fingerprint = run.fingerprint;
+  base.device_map = run.plan.digest + " " + run.plan.hf_device_map.dump();
+  base.world_size = run.world.size();
+  base.written_by = build_id();
+  base.sigmas = schedule.scheduler.sigmas();
+  base.timesteps = schedule.scheduler.timesteps();
+  // Written with every checkpoint, copied to the CPU once.
+  base.prompt_embeds = checkpoints.resume ? checkpoints.resume->prompt_embeds : to_raw(prompts.prompt_embeds);
+  base.pooled = checkpoints.resume ? checkpoints.resume->pooled : to_raw(prompts.pooled);
+  return base;
+}
+
+}  // namespace
+
+CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& start, CoordinatorImages& images) {
+  const auto& request = run.request;
+  const auto& options = run.options;
+  const auto& checkpoints = run.checkpoints();
+  const at::Device& device = run.device;
+  const at::Tensor& latents = start.latents;
+  CoordinatorRing result;
+  pipeline::StageTimer timer("denoise", device, run.flux.report_sink());
+  LoadedStage loaded = timer.loading("transformer load", [&] { return load_phase(run); });
+  result.figures.load_seconds = loaded.seconds;
+  result.figures.load_bytes = loaded.bytes;
+  images.prepare(loaded.bytes);
+  const pipeline::DenoiseSchedule schedule = run.flux.schedule(request, latents.size(1));
+  RingExecutor executor(run.layout(), run.transport.get(), loaded.stage, device, options.transport_timeout_seconds,
+                        run.exchange.get());
+  if (run.decode && images.decoding_rank() != 0)
+    executor.listen_to(images.decoding_rank(), [&images](Message& message) { images.take(message); });
+  pipeline::DenoiseJob job;
+  job.latents = latents;
+  job.prompt_embeds = start.prompts.prompt_embeds;
+  job.pooled = start.prompts.pooled;
+  job.guidance = request.guidance;
+  job.guidance_embeds = schedule.guidance_embeds;
+  job.microbatch_size = options.microbatch_size;
+  job.scheduler = &schedule.scheduler;
+  // Checkpoints hold every image's latents, finished ones too (a resume decodes those again).
+  job.keep_final_latents = !run.decode || !checkpoints.dir.empty();
+  if (checkpoints.resume) {
+    const auto& c = *checkpoints.resume;
+    // Same options and model give the same schedule; a difference means another scheduler config.
+    DP_CHECK(c.sigmas == schedule.scheduler.sigmas() && c.timesteps == schedule.scheduler.timesteps(),
+             checkpoints.resume_path, ": the checkpoint's sigma/timestep schedule differs from the one this run "
+             "computes (another scheduler config or diffpipe version?)");
+    DP_CHECK(c.latents.shape == latents.sizes().vec(), checkpoints.resume_path, ": latents of shape ",
+             latents.sizes(), " expected for this model and size");
+    job.start_steps = c.image_steps;
+  }
+  Checkpointer checkpointer(checkpoints, checkpoints.dir.empty() ? io::Checkpoint{}
+                                                                 : checkpoint_base(run, schedule, start.prompts));
+  pipeline::LoopCallbacks callbacks;
+  if (!checkpoints.dir.empty())
+    callbacks.at_boundary = [&checkpointer](const pipeline::LoopState& state) { return checkpointer.at_boundary(state); };
+  // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
+  const int steps = schedule.scheduler.num_inference_steps();
+  const bool several_microbatches = latents.size(0) > options.microbatch_size;
+  callbacks.check_step = [steps, several_microbatches](int64_t microbatch, int step, const at::Tensor& stepped) {
+    pipeline::check_step_latents(stepped, {step + 1, steps, several_microbatches ? str("microbatch ", microbatch) : ""});
+  };
+  if (run.decode) {
+    callbacks.on_microbatch_done = [&](int64_t first_row, const at::Tensor& done) {
+      images.hand_over(first_row / options.microbatch_size, done);
+    };
+  }
+  if (run.outputs.on_step) {
+    callbacks.on_step = [&](const pipeline::LoopProgress& p) {
+      // The step's latents come from the compute stream: waiting for that stream alone keeps the progress
+      // line honest without waiting for transfers in flight on the transport's streams (a device-wide sync
+      // would also wait for receives pre-posted for later steps).
+#ifdef DIFFPIPE_HAVE_CUDA
+      if (device.is_cuda()) at::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+      run.outputs.on_step(p);
+    };
+  }
+  const auto began = std::chrono::steady_clock::now();
+  result.final_latents =
+      pipeline::run_phase(0, "denoising", [&] { return pipeline::run_denoise_loop(job, executor, callbacks); });
+  log_offload(run, loaded.stage.get());
+  checkpointer.finish();  // the last checkpoint on disk (or its failure) before the ranks stop
+  executor.shutdown();
+  result.outcome.stopped = checkpointer.stopped();
+  result.outcome.checkpoint = checkpointer.last_path();
+  run.world.share_from_coordinator(result.outcome.stopped ? 1 : 0, options.transport_timeout_seconds);
+  result.figures.times = executor.times();
+  result.figures.times.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  result.figures.offload = loaded.stage ? loaded.stage->offload_stats() : models::OffloadStats{};
+  if (run.transport)
+    DP_INFO("rank 0: ", executor.times().steps, " microbatch steps computed, ", std::fixed, std::setprecision(2),
+            executor.times().wait_seconds, " s waiting for results; ", run.transport->bytes_sent() / 1e6, " MB sent, ",
+            run.transport->bytes_received() / 1e6, " MB received");
+  return result;
+}  // the coordinator's blocks are released before a VAE that did not fit next to them loads
+
+RankTimes worker_ring_phase(RunContext& run, pipeline::FluxStage* stage, const std::function<void(Message&)>& on_decode) {
+  const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
+  const std::string phase = str("denoising (blocks [", mine ? mine->first_block : 0, ", ", mine ? mine->last_block : 0, "))");
+  return pipeline::run_phase(run.world.rank(), phase, [&] {
+    return run_stage_worker(run.world.rank(), run.layout(), *run.transport, stage, run.device,
+                            run.options.transport_timeout_seconds, on_decode, run.exchange.get());
+  });
+}
+
+}  // namespace dp::runtime

@@ -1,0 +1,71 @@
+#pragma once
+// What the phases of a run (agree, encode, load, ring, decode) share on one rank: the request as every rank
+// received it, what the ranks agreed on, and this rank's device and transport. The agree phase fills it; the
+// later phases only read it (the transport excepted, which they use).
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipeline/flux_pipeline.h"
+#include "placement/ring_stages.h"
+#include "runtime/components.h"
+#include "runtime/distributed_generate.h"
+#include "runtime/group_exchange.h"
+#include "runtime/mesh_layout.h"
+#include "runtime/ring.h"
+#include "runtime/transport.h"
+
+namespace dp::runtime {
+
+class World;
+
+// The transformer split every rank computes from the same headers.
+struct TransformerPlan {
+  nlohmann::ordered_json hf_device_map;
+  std::vector<placement::RankStage> stages;
+  std::string digest;
+};
+
+struct RunContext {
+  RunContext(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
+             const RuntimeOptions& options, const Outputs& outputs, World& world)
+      : flux(flux), request(request), grid(grid), options(options), outputs(outputs), world(world) {}
+
+  pipeline::FluxPipeline& flux;
+  const pipeline::GenerateRequest& request;
+  const pipeline::LatentGrid& grid;
+  const RuntimeOptions& options;
+  const Outputs& outputs;
+  World& world;
+
+  // Agreed by every rank (agree phase).
+  std::string transport_name;
+  bool decode = false;  // PNG output: the VAE runs
+  std::string transformer_dir;
+  std::string fingerprint;  // model_fingerprint(transformer_dir)
+  ComponentPlan components;
+  TransformerPlan plan;
+  std::optional<MeshLayout> mesh;
+
+  // This rank's.
+  at::Device device = at::kCPU;
+  std::unique_ptr<Transport> transport;  // null in a world of one
+  // This rank's sequence group's all-to-all over the transport; null when the groups are single ranks.
+  std::unique_ptr<GroupExchange> exchange;
+
+  const MeshLayout& layout() const { return *mesh; }
+  const CheckpointOptions& checkpoints() const { return options.checkpoints; }
+  int64_t batch() const { return request.batch(); }
+  int64_t microbatches() const { return (batch() + options.microbatch_size - 1) / options.microbatch_size; }
+  // Rows of microbatch `id`: the loop cuts the batch into microbatch_size rows, the last one smaller.
+  int64_t microbatch_rows(int64_t id) const { return std::min(options.microbatch_size, batch() - id * options.microbatch_size); }
+  // The encoders run on the ranks the component map names; a resume runs none, and the embeddings cache lives
+  // with the coordinator: then rank 0 takes the whole encode phase (every rank reads the same flags).
+  bool encoders_on_their_ranks() const { return !checkpoints().resume && checkpoints().embeddings_cache.empty(); }
+};
+
+}  // namespace dp::runtime
