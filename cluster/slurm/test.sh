@@ -256,6 +256,9 @@ if wait_idle 1; then
     pass "requeue: job $job checkpointed, was requeued ($restarts), resumed and matches the uninterrupted run"
   fi
   scancel "$job" 2>/dev/null
+else
+  # A phase that never ran is a failure, not a pass.
+  failed "phase 1 (srun, mpirun, wrong-ranks, no-pmix, requeue): the one-node cluster never became idle"
 fi
 stop_daemons
 
@@ -286,6 +289,8 @@ if wait_idle 2 netns_on h1; then
       fi
     fi
   done
+else
+  failed "phase 2 (two-nodes through srun and mpirun): the two-node cluster never became idle"
 fi
 stop_daemons
 
