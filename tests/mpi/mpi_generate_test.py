@@ -21,7 +21,8 @@ Cases:
   report         --report writes one JSON per rank with its blocks, traffic and per-step times, consistent
                  across ranks (what one rank sends the next receives).
   offload        maps that offload blocks to "cpu" and "disk" (a custom JSON map, and "auto" with a small
-                 --max-memory) still run every block, on the GPU rank whose range they continue: latents
+                 --max-memory) still run every block, on the GPU rank whose range they continue, streamed
+                 through the same double buffer as on a GPU (each such rank logs its copies): latents
                  bit-identical to one process with every block resident, at N ranks (N may be 1).
   components     --pipeline-device-map balanced with --max-memory 1=1GB puts CLIP, T5 and the VAE on rank 1
                  (and 0=1GB,1=1GB the VAE on rank 0, the encoders on rank 1), the transformer split over every
@@ -408,18 +409,27 @@ def case_offload(binary, model, tmp, ranks):
         ring = [line for line in output.splitlines() if "runtime: ring" in line]
         if not ring or "offloaded (" not in ring[0]:
             fail(f"{ranks} rank(s), {name}: no ring with offloaded blocks was logged:\n{output}")
+        # Each rank that runs offloaded blocks streams them (models/flux/flux_offload.h, on the CPU too) and
+        # says so: "rank R: K offloaded block(s) streamed in N copies".
+        streamed = {int(m.group(1)): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
+            r"rank (\d+): (\d+) offloaded block\(s\) streamed in (\d+) copies", output)}
+        if not streamed:
+            fail(f"{ranks} rank(s), {name}: no rank logged streaming its offloaded blocks:\n{output}")
         if name == "custom map":
             for rank, blocks in expected.items():
                 wanted = f"rank {rank} blocks ["
                 stage = [part for part in ring[0].split("; hf_device_map")[0].split("rank ") if part.startswith(f"{rank} ")]
                 if not stage or f"{len(blocks)} offloaded" not in stage[0]:
                     fail(f"{ranks} rank(s), {name}: {wanted}...) should run offloaded blocks {blocks}:\n{ring[0]}")
+                if streamed.get(rank, (0, 0))[0] != len(blocks):
+                    fail(f"{ranks} rank(s), {name}: rank {rank} should stream {len(blocks)} offloaded block(s), "
+                         f"logged {streamed.get(rank)}:\n{output}")
         got = latents(out)
         if got.shape != reference.shape or not np.array_equal(got, reference):
             fail(f"{ranks} rank(s), {name}: latents differ from the resident run, max abs difference "
                  f"{np.abs(got - reference).max() if got.shape == reference.shape else got.shape}")
-        print(f"{ranks} rank(s), {name}: bit-identical to every block resident ({seconds:.1f} s); "
-              f"{ring[0].split('runtime: ')[-1][:200]}")
+        print(f"{ranks} rank(s), {name}: bit-identical to every block resident ({seconds:.1f} s); streamed "
+              f"(rank: blocks, copies) {streamed}; {ring[0].split('runtime: ')[-1][:200]}")
     # plan shows the same ring the runtime logged.
     plan = plan_json(binary, model, ["--device-map", str(tmp / "offload.json"), "--world-size", str(ranks)])
     if len(plan["ranks"]["ring"]) != ranks:
