@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: Release build, CUDA oracle tests, step benchmark, JSON results in $OUT.
+# One call on the GPU machine: Release build and the step benchmark, JSON results in $OUT. A benchmark: it
+# prints figures and passes or fails nothing (its status is the build's and the benchmark script's). The CUDA
+# tests it used to run, with their status ignored, are bench/gpu_check.sh's, which exits non-zero on a failure.
 #   bash bench/gpu.sh [--skip-diffusers]
 #   STEP_SIDE=diffpipe or diffusers runs one side of the step benchmark (one call is limited to 10 minutes).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
@@ -15,15 +17,8 @@ TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 started=$(date +%s)
 cmake -S "$here" -B "$here/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
   -DDIFFPIPE_PYTHON="$(command -v python3)" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-ninja -C "$here/build-gpu" diffpipe_cli models_flux_test models_fused_test pipeline_flux_test > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+ninja -C "$here/build-gpu" diffpipe_cli > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - started )) s"
-ref="$here/build-gpu/reference"
-python3 "$here/tests/reference/generate_all.py" --out "$ref" --only flux --only pipeline > "$out/oracle.log" 2>&1 || tail -20 "$out/oracle.log"
-DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
-  "$here/build-gpu/tests/unit/models_flux_test" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | tee "$out/cuda_tests.log" | grep -E "relative|OK|FAILED|PASSED" | head -40
-DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
-  "$here/build-gpu/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' 2>&1 | tee "$out/cuda_pipeline_tests.log" | grep -E "relative|PSNR|OK|FAILED|PASSED" | head -20
-DIFFPIPE_REQUIRE_CUDA=1 "$here/build-gpu/tests/unit/models_fused_test" 2>&1 | tee "$out/fused_tests.log" | grep -E "differ|OK|FAILED|PASSED" | head -60
 model=/tmp/flux-dev-random
 if [ ! -f "$model/model_index.json" ]; then
   "$here/build-gpu/diffpipe" make-random --arch flux-dev --dtype bf16 --out "$model" 2>&1 | tail -2

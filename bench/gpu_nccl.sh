@@ -138,7 +138,9 @@ for proc in pathlib.Path("/proc").iterdir():
 PY
 )
   [ -n "$pids" ] || { failed "killed rank: rank $victim's process not found"; kill $job; return; }
-  local killed_at
+  local killed_at lines_before
+  # Only what is written after the kill can report it: every line of the victim says "[rank N]" anyway.
+  lines_before=$(wc -l < "$log")
   killed_at=$(date +%s.%N)
   kill -9 $pids
   # Bounded here too: a job that outlives the transport timeout by far is a hang.
@@ -154,7 +156,10 @@ PY
   grep -E "rank $victim|error" "$log" | grep -v "^\[.*\] \[rank [01]\] \[info\]" | head -4
   [ "$code" -ne 0 ] || failed "killed rank: the job exited 0"
   python3 -c "import sys; sys.exit(0 if $seconds <= $timeout else 1)" || failed "killed rank: ended after $seconds s > $timeout s"
-  grep -q "rank $victim" "$log" || failed "killed rank: the output does not name rank $victim"
+  # mpirun's report of the death, or rank 0's error line naming the victim.
+  tail -n +"$((lines_before + 1))" "$log" |
+    grep -Eq "process rank $victim with PID [0-9]+ on node [^ ]+ exited on signal 9|\[rank 0\] \[error\] .*\brank $victim\b" ||
+    failed "killed rank: no failure line after the kill names rank $victim"
   [ ! -e "$work/killed.h5" ] || failed "killed rank: the run left its output file"
 }
 kill_check

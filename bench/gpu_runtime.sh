@@ -142,7 +142,7 @@ for map in auto pipeline; do
   if same_latents "$out/full-1.h5" "$out/full-2-$map.h5"; then
     echo "full size, bf16 cuda: 2 ranks ($map) bit-identical to 1"
   else
-    echo "full size, bf16 cuda: 2 ranks ($map) differ from 1"
+    echo "full size, bf16 cuda: 2 ranks ($map) DIFFER from 1"; status=1
   fi
   elapsed "full size, 2 ranks, $map"
 done

@@ -24,8 +24,8 @@ class FluxStage {
  public:
   // Reads only the tensors of blocks [first_block, last_block) (and of the embedders / head when held) from
   // the transformer folder. last_block -1 means the model's last block.
-  // `offloaded`: blocks of the range the device map puts on "cpu" or "disk"; on CUDA their weights stay in host
-  // memory or in the mmapped file and are streamed in per use (models/flux/flux_offload.h).
+  // `offloaded`: blocks of the range the device map puts on "cpu" or "disk"; their weights stay in host memory
+  // or in the mmapped file and are streamed in per use (models/flux/flux_offload.h), on the CPU too.
   // `shard`: this piece's place in its sequence group; empty counts (the default) or one member: the whole
   // sequence. Its exchange must outlive the stage.
   FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,

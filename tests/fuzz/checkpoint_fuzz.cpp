@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "fuzz_verdict.h"
 #include "io/checkpoint_file.h"
 
 namespace {
@@ -54,7 +55,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int32_t s : c.image_steps) FUZZ_REQUIRE(s >= 0 && s <= c.run.steps);
     FUZZ_REQUIRE(c.sigmas.size() == static_cast<size_t>(c.run.steps) + 1);
     FUZZ_REQUIRE(c.timesteps.size() == static_cast<size_t>(c.run.steps));
+    dp::fuzz::note_accepted();
   } catch (const dp::Error&) {
+    dp::fuzz::note_rejected();
   }
   std::remove(path.c_str());
   return 0;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "fuzz_verdict.h"
 #include "io/weight_index.h"
 
 namespace fs = std::filesystem;
@@ -101,8 +102,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Mapping must agree with the header read up front.
     const auto file = index.mapped_file(index.names().front());
     FUZZ_REQUIRE(file->find(index.names().front()) != nullptr, index.names().front());
+    dp::fuzz::note_accepted();
   } catch (const dp::Error&) {
-    // a clean rejection
+    dp::fuzz::note_rejected();  // a clean rejection
   }
   return 0;
 }

@@ -4,6 +4,8 @@
 corpus/safetensors/: whole safetensors file images, valid ones (so the fuzzer starts from the success path),
 accepted-but-questionable ones (quirk_*), and one per way a file can be broken (so every rejection branch is covered from the first execution, and
 the replay test in the g++ build checks each of them cleanly raises dp::Error).
+The prefix is the contract the replay (replay_main.cpp) checks per file: bad_* must be rejected, valid_* and
+quirk_* accepted.
 corpus/index/: *.safetensors.index.json bodies for index_fuzz.cpp, which pairs them with two fixed shards
 (a, b in model-00001-of-00002.safetensors; c in model-00002-of-00002.safetensors).
 corpus/clip_tokenizer/, corpus/t5_tokenizer/: bundles of tokenizer files ("#file NAME" lines, see
@@ -69,7 +71,7 @@ def safetensors_cases():
             {"a": entry("U8", [1], 0, 1), "z": entry("F16", [4, 0], 1, 1), "b": entry("U8", [1], 1, 2)}, bytes(2)),
         "valid_unicode_name": image({"gewicht.\u00e4\u4e2d": entry("U8", [1], 0, 1)}, b"\x00"),
         "valid_escaped_name": image('{"a\\u0000b\\"c":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\x00"),
-        # --- accepted, but questionable: pinned so a behaviour change shows up in review ---
+        # --- once accepted, now rejected (the replay requires every bad_* to be rejected) ---
         # A zero extent makes the element count 0 however large the other extents are (the reference
         # implementation's checked product agrees), but stride products of the other dims overflow int64.
         "bad_zero_dim_huge_dims": image({"w": entry("F32", [0, 2**32, 2**32], 0, 0)}),

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "fuzz_verdict.h"
 #include "io/safetensors.h"
 
 namespace {
@@ -120,10 +121,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     header = dp::io::parse_safetensors_image(image, "fuzz.safetensors");
   } catch (const dp::Error&) {
+    dp::fuzz::note_rejected();
     return 0;  // a clean rejection is the expected outcome for almost every input
   }
   check_header(header, size);
   check_round_trip(header, size - header.data_offset());
+  dp::fuzz::note_accepted();
   return 0;
 }
 

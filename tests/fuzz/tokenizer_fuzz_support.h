@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "fuzz_verdict.h"
 #include "tokenizers/clip_tokenizer.h"
 #include "tokenizers/t5_tokenizer.h"
 #include "tokenizers/unicode.h"
@@ -164,6 +165,7 @@ void load_and_encode(const char* target, const ScratchFolder& scratch, const std
   try {
     tokenizer = Tokenizer::from_folder(scratch.dir().string());
   } catch (const dp::Error&) {
+    note_rejected();
     return;
   }
   for (const std::string& prompt : prompts) {
@@ -173,6 +175,7 @@ void load_and_encode(const char* target, const ScratchFolder& scratch, const std
       invariant_failed(target, "an accepted tokenizer encodes valid UTF-8", e.what());
     }
   }
+  note_accepted();
 }
 
 }  // namespace dp::fuzz

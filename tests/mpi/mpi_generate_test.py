@@ -8,10 +8,11 @@ Cases:
   microbatches   microbatch sizes 1, 2 and 4 agree within 1e-6 of the latents' scale on N ranks.
   fail-at-load   rank N-1 runs on a copy of the model whose transformer file is truncated: every rank ends
                  non-zero within the bound and the coordinator's log names the rank and the file.
-  killed-rank    rank N-1 is killed with SIGKILL mid-run: the job ends non-zero within the bound and the
-                 output names the rank.
+  killed-rank    rank N-1 is killed with SIGKILL mid-run: the job ends non-zero within the bound and, after the
+                 kill, a failure line names that rank (mpirun's "process rank R ... exited on signal 9", or
+                 rank 0's error line naming rank R).
   map-too-big    a device map naming more GPUs than ranks, and a max_memory too small for the model, both end
-                 non-zero at once with a message that says why.
+                 non-zero at once with a message that says why (rank 0's failure line gives the reason).
   disagreement   ranks started with different --dtype fail on the plan check, naming the ranks.
   transport-mpi  --transport mpi gives latents bit-identical to the default (auto, which is mpi on the CPU),
                  and --report records the transport.
@@ -20,7 +21,8 @@ Cases:
   report         --report writes one JSON per rank with its blocks, traffic and per-step times, consistent
                  across ranks (what one rank sends the next receives).
   offload        maps that offload blocks to "cpu" and "disk" (a custom JSON map, and "auto" with a small
-                 --max-memory) still run every block, on the GPU rank whose range they continue: latents
+                 --max-memory) still run every block, on the GPU rank whose range they continue, streamed
+                 through the same double buffer as on a GPU (each such rank logs its copies): latents
                  bit-identical to one process with every block resident, at N ranks (N may be 1).
   components     --pipeline-device-map balanced with --max-memory 1=1GB puts CLIP, T5 and the VAE on rank 1
                  (and 0=1GB,1=1GB the VAE on rank 0, the encoders on rank 1), the transformer split over every
@@ -37,6 +39,7 @@ Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -126,7 +129,9 @@ def case_microbatches(binary, model, tmp, ranks):
             fail(f"microbatch {size} differs from microbatch 1 by {error:.3g} of the scale (> 1e-6)")
 
 
-def expect_bounded_failure(command, what, must_contain, timeout=BOUND_SECONDS + 30):
+def expect_bounded_failure(command, what, must_contain, timeout=BOUND_SECONDS + 30, line_pattern=None):
+    """`command` must end non-zero within the bound, its output holding every text of `must_contain` and, when
+    given, one line matching the regex `line_pattern` (a failure line that must say why in one place)."""
     code, output, seconds = run(command, timeout=timeout)
     if code == 0:
         fail(f"{what}: exited 0:\n{output}")
@@ -135,6 +140,8 @@ def expect_bounded_failure(command, what, must_contain, timeout=BOUND_SECONDS + 
     for text in must_contain:
         if text not in output:
             fail(f"{what}: the output does not contain '{text}':\n{output}")
+    if line_pattern is not None and not any(re.search(line_pattern, line) for line in output.splitlines()):
+        fail(f"{what}: no line of the output matches /{line_pattern}/:\n{output}")
     print(f"{what}: exit {code} after {seconds:.1f} s, names {must_contain}")
 
 
@@ -194,6 +201,15 @@ def run_and_kill_rank(command, victim, out, trigger, waiting_for):
     return job.wait(), "".join(output), killed_at
 
 
+def failure_lines_naming(text, rank):
+    """The lines of `text` that report rank `rank`'s failure: mpirun's report of a process that died
+    ("mpirun noticed that process rank R with PID P on node N exited on signal 9 (Killed)") or rank 0's error
+    line naming it. Every log line of rank R carries "[rank R]", so that alone proves nothing."""
+    mpirun_report = re.compile(rf"process rank {rank} with PID \d+ on node \S+ exited on signal 9\b")
+    coordinator_error = re.compile(rf"\[rank 0\] \[error\] .*\brank {rank}\b")
+    return [line for line in text.splitlines() if mpirun_report.search(line) or coordinator_error.search(line)]
+
+
 def case_killed_rank(binary, model, tmp, ranks):
     out = tmp / "killed.h5"
     victim = ranks - 1
@@ -207,11 +223,14 @@ def case_killed_rank(binary, model, tmp, ranks):
         fail(f"killing rank {victim} mid-run still exited 0:\n{text}")
     if seconds > BOUND_SECONDS:
         fail(f"the job took {seconds:.1f} s to end after rank {victim} was killed (bound {BOUND_SECONDS} s)")
-    if f"rank {victim}" not in text:
-        fail(f"the output does not name rank {victim}:\n{text}")
+    # Only what was written after the kill counts (the kill follows the trigger line at once).
+    named = failure_lines_naming(text.split("step 1/400", 1)[1], victim)
+    if not named:
+        fail(f"no failure line after the kill names rank {victim}:\n{text}")
     if out.exists():
         fail("a killed run left its output file")
-    print(f"rank {victim} killed with SIGKILL at step 1: job exit {code} {seconds:.1f} s later, rank named")
+    print(f"rank {victim} killed with SIGKILL at step 1: job exit {code} {seconds:.1f} s later; "
+          f"{named[0].strip()}")
 
 
 def case_map_too_big(binary, model, tmp, ranks):
@@ -222,7 +241,8 @@ def case_map_too_big(binary, model, tmp, ranks):
                            [f"device {ranks} is not in the world of {ranks}", "map.json"])
     expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(
         model, tmp / "y.h5", ["--max-memory", ",".join(f"{r}=10KB" for r in range(ranks)) + ",cpu=10KB"]),
-        "a max_memory too small for the model", ["rank 0 failed"])
+        "a max_memory too small for the model", ["rank 0 failed"],
+        line_pattern=r"\[rank 0\] \[error\] rank 0 failed: .*cannot fit the transformer .*with max_memory ")
 
 
 def case_disagreement(binary, model, tmp, ranks):
@@ -389,18 +409,27 @@ def case_offload(binary, model, tmp, ranks):
         ring = [line for line in output.splitlines() if "runtime: ring" in line]
         if not ring or "offloaded (" not in ring[0]:
             fail(f"{ranks} rank(s), {name}: no ring with offloaded blocks was logged:\n{output}")
+        # Each rank that runs offloaded blocks streams them (models/flux/flux_offload.h, on the CPU too) and
+        # says so: "rank R: K offloaded block(s) streamed in N copies".
+        streamed = {int(m.group(1)): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
+            r"rank (\d+): (\d+) offloaded block\(s\) streamed in (\d+) copies", output)}
+        if not streamed:
+            fail(f"{ranks} rank(s), {name}: no rank logged streaming its offloaded blocks:\n{output}")
         if name == "custom map":
             for rank, blocks in expected.items():
                 wanted = f"rank {rank} blocks ["
                 stage = [part for part in ring[0].split("; hf_device_map")[0].split("rank ") if part.startswith(f"{rank} ")]
                 if not stage or f"{len(blocks)} offloaded" not in stage[0]:
                     fail(f"{ranks} rank(s), {name}: {wanted}...) should run offloaded blocks {blocks}:\n{ring[0]}")
+                if streamed.get(rank, (0, 0))[0] != len(blocks):
+                    fail(f"{ranks} rank(s), {name}: rank {rank} should stream {len(blocks)} offloaded block(s), "
+                         f"logged {streamed.get(rank)}:\n{output}")
         got = latents(out)
         if got.shape != reference.shape or not np.array_equal(got, reference):
             fail(f"{ranks} rank(s), {name}: latents differ from the resident run, max abs difference "
                  f"{np.abs(got - reference).max() if got.shape == reference.shape else got.shape}")
-        print(f"{ranks} rank(s), {name}: bit-identical to every block resident ({seconds:.1f} s); "
-              f"{ring[0].split('runtime: ')[-1][:200]}")
+        print(f"{ranks} rank(s), {name}: bit-identical to every block resident ({seconds:.1f} s); streamed "
+              f"(rank: blocks, copies) {streamed}; {ring[0].split('runtime: ')[-1][:200]}")
     # plan shows the same ring the runtime logged.
     plan = plan_json(binary, model, ["--device-map", str(tmp / "offload.json"), "--world-size", str(ranks)])
     if len(plan["ranks"]["ring"]) != ranks:

@@ -10,7 +10,10 @@ component sizes computed as _get_final_device_map computes them.
 Writes into --out:
   configs/<name>.json        transformer config.json for each architecture
   modules/<name>.json        named_modules (name, class, own parameters) and named_parameters (name, shape)
-  cases.json                 model-level cases: config, dtype, strategy, max_memory, expected hf_device_map
+  cases.json                 model-level cases: config, dtype, strategy, max_memory, accelerate's hf_device_map
+  ours_cases.json            NOT oracle outputs: the model-level settings where accelerate raises instead of
+                             giving a map ("disk" in max_memory), its error, and the map diffpipe's own rule
+                             gives there (computed with accelerate's pieces, but a choice of ours)
   pipeline_tiny/             a tiny FLUX pipeline folder saved with save_pretrained (real tiny weights)
   pipeline_cases.json        pipeline-level cases: max_memory, component sizes, diffusers' map
   flux_dev_pipeline/         FLUX.1-dev's model_index.json and component configs (no weights)
@@ -77,27 +80,31 @@ def module_listing(model):
 
 
 def device_map_of(model, strategy, max_memory, dtype):
-    """Returns (map as [key, device] pairs, accelerate's error or None).
+    """accelerate's map as [key, device] pairs, or None with accelerate's error when it raises instead.
 
-    accelerate's get_balanced_memory crashes on a "disk" key (torch.device("disk")); for those cases the
-    expected map is the one it computes with "disk" left out of the balancing and put back for the walk,
-    which is what diffpipe does, and the error is recorded next to it."""
-    error = None
+    accelerate's get_balanced_memory crashes on a "disk" key (torch.device("disk")); only those cases may
+    fail, and they go to ours_cases.json, never to the oracle's cases."""
     try:
         # _determine_device_map mutates what it is given; the case keeps the user's original values.
         result = _determine_device_map(model, strategy, copy.deepcopy(max_memory), dtype, [], None)
     except RuntimeError as e:
         if "disk" not in max_memory or strategy == "sequential":
             raise
-        error = str(e).splitlines()[0]
-        without_disk = {k: v for k, v in copy.deepcopy(max_memory).items() if k != "disk"}
-        balanced = get_balanced_memory(model, max_memory=without_disk, dtype=dtype, special_dtypes={},
-                                       low_zero=(strategy == "balanced_low_0"),
-                                       no_split_module_classes=model._get_no_split_modules(strategy))
-        balanced["disk"] = max_memory["disk"]
-        result = infer_auto_device_map(model, max_memory=balanced, dtype=dtype, special_dtypes={},
-                                       no_split_module_classes=model._get_no_split_modules(strategy))
-    return [[key, value] for key, value in result.items()], error
+        return None, str(e).splitlines()[0]
+    return [[key, value] for key, value in result.items()], None
+
+
+def our_disk_rule_map(model, strategy, max_memory, dtype):
+    """diffpipe's choice where accelerate crashes: balance the budgets with "disk" left out, put "disk" back,
+    then walk as accelerate walks. Not an oracle output: accelerate itself gives no map here."""
+    without_disk = {k: v for k, v in copy.deepcopy(max_memory).items() if k != "disk"}
+    balanced = get_balanced_memory(model, max_memory=without_disk, dtype=dtype, special_dtypes={},
+                                   low_zero=(strategy == "balanced_low_0"),
+                                   no_split_module_classes=model._get_no_split_modules(strategy))
+    balanced["disk"] = max_memory["disk"]
+    result = infer_auto_device_map(model, max_memory=balanced, dtype=dtype, special_dtypes={},
+                                   no_split_module_classes=model._get_no_split_modules(strategy))
+    return [[key, value] for key, value in result.items()]
 
 
 def flux_dev_memory_settings():
@@ -129,7 +136,7 @@ def tiny_memory_settings(total):
 def model_cases(out):
     (out / "configs").mkdir(parents=True, exist_ok=True)
     (out / "modules").mkdir(parents=True, exist_ok=True)
-    cases = []
+    cases, ours = [], []
     architectures = [("flux_dev", FLUX_DEV, ["bfloat16", "float32"])] + [
         (name, cfg, ["bfloat16", "float32"]) for name, cfg in TINY.items()]
     for name, config, dtypes in architectures:
@@ -151,12 +158,17 @@ def model_cases(out):
             for max_memory in settings:
                 for strategy in STRATEGIES:
                     expected, error = device_map_of(model, strategy, max_memory, dtype)
-                    cases.append({
-                        "config": name, "dtype": dtype_name, "strategy": strategy,
-                        "max_memory": {str(k): v for k, v in max_memory.items()},
-                        "total_bytes": total, "expected": expected, "accelerate_error": error})
+                    case = {"config": name, "dtype": dtype_name, "strategy": strategy,
+                            "max_memory": {str(k): v for k, v in max_memory.items()}, "total_bytes": total}
+                    if error is None:
+                        cases.append(dict(case, expected=expected))
+                    else:
+                        ours.append(dict(case, accelerate_error=error,
+                                         our_rule=our_disk_rule_map(model, strategy, max_memory, dtype)))
     (out / "cases.json").write_text(json.dumps(cases, indent=1))
-    print(f"[placement] {len(cases)} model-level cases")
+    (out / "ours_cases.json").write_text(json.dumps(ours, indent=1))
+    print(f"[placement] {len(cases)} model-level cases from accelerate; {len(ours)} settings where accelerate "
+          f"raises, kept apart with diffpipe's own rule")
 
 
 def diffusers_component_sizes(folder, index, dtype):
@@ -235,19 +247,22 @@ def tiny_pipeline(out):
     print(f"[placement] {len(cases)} pipeline-level cases; component sizes {sizes}")
 
 
-# FLUX.1-dev's component configs (black-forest-labs/FLUX.1-dev, as `diffpipe make-random --pipeline` writes
-# them): the fields that decide sizes.
+# FLUX.1-dev's component configs (black-forest-labs/FLUX.1-dev): CLIP and the VAE with the fields that decide
+# sizes, T5 in full.
 FLUX_DEV_CLIP = dict(architectures=["CLIPTextModel"], model_type="clip_text_model", vocab_size=49408,
                      hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                      max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, projection_dim=768,
                      bos_token_id=0, eos_token_id=2, pad_token_id=1, torch_dtype="bfloat16")
-FLUX_DEV_T5 = dict(architectures=["T5EncoderModel"], model_type="t5", vocab_size=32128, d_model=4096, d_ff=10240,
-                   d_kv=64, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
-                   relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
-                   decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, torch_dtype="bfloat16",
-                   # One embedding table (shared.weight is encoder.embed_tokens.weight), as make-random writes
-                   # it; with false the pinned transformers sizes a second 32128 x 4096 table.
-                   tie_word_embeddings=True)
+# text_encoder_2/config.json of FLUX.1-dev as published (the same document models_text_encoders_test parses).
+# Built empty, T5EncoderModel has encoder.embed_tokens as a second table whether tie_word_embeddings is true
+# or false (diffusers sizes 9,787,813,888 bytes in bf16 both ways); loaded, it is shared.weight both ways.
+FLUX_DEV_T5 = dict(architectures=["T5EncoderModel"], classifier_dropout=0.0, d_ff=10240, d_kv=64, d_model=4096,
+                   decoder_start_token_id=0, dense_act_fn="gelu_new", dropout_rate=0.1, eos_token_id=1,
+                   feed_forward_proj="gated-gelu", initializer_factor=1.0, is_encoder_decoder=True,
+                   is_gated_act=True, layer_norm_epsilon=1e-6, model_type="t5", num_decoder_layers=24,
+                   num_heads=64, num_layers=24, output_past=True, pad_token_id=0,
+                   relative_attention_max_distance=128, relative_attention_num_buckets=32,
+                   tie_word_embeddings=False, torch_dtype="bfloat16", use_cache=True, vocab_size=32128)
 FLUX_DEV_VAE = dict(_class_name="AutoencoderKL", in_channels=3, out_channels=3,
                     down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
                     block_out_channels=[128, 256, 512, 512], layers_per_block=2, act_fn="silu", latent_channels=16,

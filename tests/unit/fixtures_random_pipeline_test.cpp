@@ -163,11 +163,8 @@ TEST(RandomPipeline, CliWritesASparseFullSizePipelineThatInspectsAndPlans) {
   EXPECT_FALSE(clip.pools_at_largest_id());
   EXPECT_EQ(clip.hidden_size, 768);
   EXPECT_EQ(clip.vocab_size, 49408);
-  const auto t5 = models::T5Config::from_json(read_json_file(dir + "/text_encoder_2/config.json"), "t5");
-  const auto t5_index = io::WeightIndex::open_dir(dir + "/text_encoder_2");
-  std::set<std::string> stored(t5_index.names().begin(), t5_index.names().end()), listed;
-  for (const auto& p : t5_encoder_parameter_shapes(t5)) listed.insert(p.name);
-  EXPECT_EQ(stored, listed);
+  // The stored keys and shapes against what transformers and diffusers expect: tests/reference/
+  // fixture_folders.py (ctest reference.fixture_folders) loads this folder with them.
   // CLIP and the VAE are small enough to load here (zeros from the holes).
   EXPECT_NO_THROW(models::ClipTextModel::load(dir + "/text_encoder", at::kBFloat16, at::kCPU));
   EXPECT_NO_THROW(models::AutoencoderKL::load(dir + "/vae", at::kBFloat16, at::kCPU));

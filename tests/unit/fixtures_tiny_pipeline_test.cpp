@@ -1,5 +1,8 @@
-// `make-tiny`'s pipeline folder: every component loads with our loaders, the parameter lists are exactly
-// the checkpoint keys save_pretrained writes, and pipeline::FluxPipeline runs on it end to end.
+// `make-tiny`'s pipeline folder: every file is there, every component loads with our loaders, and
+// pipeline::FluxPipeline runs on it end to end. That diffusers and transformers load it (every stored key
+// and shape the one their classes expect) is checked by tests/reference/fixture_folders.py (ctest
+// reference.fixture_folders), not here: a comparison with our own parameter lists, which the writer uses,
+// cannot fail.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,13 +42,7 @@ std::set<std::string> stored_keys(const std::string& component_dir) {
   return {index.names().begin(), index.names().end()};
 }
 
-std::set<std::string> listed_keys(const std::vector<models::ParameterShape>& shapes) {
-  std::set<std::string> keys;
-  for (const auto& p : shapes) EXPECT_TRUE(keys.insert(p.name).second) << "duplicate key " << p.name;
-  return keys;
-}
-
-TEST(TinyPipeline, WritesEveryComponentDiffusersLoads) {
+TEST(TinyPipeline, WritesEveryFileOfAPipelineFolder) {
   const std::string dir = tiny_folder();
   for (const char* file : {"model_index.json", "scheduler/scheduler_config.json", "tokenizer/vocab.json",
                            "tokenizer/merges.txt", "tokenizer/tokenizer_config.json",
@@ -64,23 +61,17 @@ TEST(TinyPipeline, WritesEveryComponentDiffusersLoads) {
   pipeline::FluxPipeline(folder).check_components(true);
 }
 
-TEST(TinyPipeline, ParameterListsAreTheCheckpointKeys) {
+TEST(TinyPipeline, KeyCountsAreThoseTransformersAndDiffusersSave) {
   const std::string dir = tiny_folder();
-  const auto configs = tiny_pipeline_configs(600, 598, 599, 300);
   // Key counts of the same architectures saved by transformers 5.23 / diffusers 0.42.1 (the pipeline oracle's
   // tiny models): CLIP 36, T5 21 (shared.weight only), VAE 176 (encoder and decoder, no quant convs).
-  EXPECT_EQ(clip_text_parameter_shapes(configs.clip).size(), 36u);
-  EXPECT_EQ(t5_encoder_parameter_shapes(configs.t5).size(), 21u);
-  EXPECT_EQ(vae_parameter_shapes(configs.vae).size(), 176u);
-
-  const auto clip = models::ClipTextConfig::from_json(read_json_file(dir + "/text_encoder/config.json"), "clip");
-  EXPECT_EQ(stored_keys(dir + "/text_encoder"), listed_keys(clip_text_parameter_shapes(clip)));
-  const auto t5 = models::T5Config::from_json(read_json_file(dir + "/text_encoder_2/config.json"), "t5");
-  EXPECT_EQ(stored_keys(dir + "/text_encoder_2"), listed_keys(t5_encoder_parameter_shapes(t5)));
-  const auto vae = models::VaeConfig::from_json(read_json_file(dir + "/vae/config.json"), "vae");
-  EXPECT_EQ(stored_keys(dir + "/vae"), listed_keys(vae_parameter_shapes(vae)));
+  EXPECT_EQ(stored_keys(dir + "/text_encoder").size(), 36u);
+  EXPECT_EQ(stored_keys(dir + "/text_encoder_2").size(), 21u);
+  EXPECT_EQ(stored_keys(dir + "/vae").size(), 176u);
 
   // With quant convolutions and a shortcut-free first level the list follows the config.
+  const auto vae = models::VaeConfig::from_json(read_json_file(dir + "/vae/config.json"), "vae");
+  const auto t5 = models::T5Config::from_json(read_json_file(dir + "/text_encoder_2/config.json"), "t5");
   models::VaeConfig sd = vae;
   sd.use_quant_conv = sd.use_post_quant_conv = true;
   EXPECT_EQ(vae_parameter_shapes(sd).size(), 180u);

@@ -208,9 +208,9 @@ TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {
   EXPECT_EQ(state.image.sizes(), (std::vector<int64_t>{1, 4, 64}));
 }
 
-// Offloaded blocks travel between host and GPU through Block::map (models/flux/flux_offload.h): a weight that
-// map forgot would be undefined on the GPU. Here every weight must go through it, and the copy must compute
-// exactly what the original does. On CPU, a block marked offloaded is resident and changes nothing.
+// Offloaded blocks travel between host and device through Block::map (models/flux/flux_offload.h): a weight
+// that map forgot would be undefined on the GPU. Here every weight must go through it, and the copy must
+// compute exactly what the original does.
 TEST(FluxTransformer, OffloadedBlocksCopyEveryWeightAndComputeTheSame) {
   c10::InferenceMode guard;
   const std::string dir = dp::test::reference_dir() + "/flux/dev_like/transformer";
@@ -249,15 +249,63 @@ TEST(FluxTransformer, OffloadedBlocksCopyEveryWeightAndComputeTheSame) {
   EXPECT_TRUE(at::equal(run(sgl).first, run(sgl_copy).first));
 
   FluxParts parts = FluxParts::all();
-  parts.offloaded = {{0, OffloadedWeights::mapped_file}, {config.num_layers, OffloadedWeights::pinned_host}};
-  const auto offloaded = FluxTransformer::load(dir, at::kFloat, at::kCPU, parts);
-  FluxActivations a{image.clone(), text.clone(), temb}, b{image.clone(), text.clone(), temb};
-  model.run_blocks(a, rope, 0, config.num_blocks());
-  offloaded.run_blocks(b, rope, 0, config.num_blocks());
-  EXPECT_TRUE(at::equal(a.image, b.image));
-  EXPECT_EQ(offloaded.offload_stats().copies, 0) << "on CPU nothing is streamed";
   parts.offloaded = {{config.num_blocks(), OffloadedWeights::pinned_host}};
   EXPECT_THROW(FluxTransformer::load(dir, at::kFloat, at::kCPU, parts), dp::Error) << "a block outside the range";
+}
+
+// The streaming path (flux_offload.h: two slots, the next block prefetched, the prefetch wrapping round to
+// the first block for the next step, a copy per use) against every block resident, on `device`: on the CPU
+// it streams to the host exactly as it streams to a GPU, so a mistake in it shows in every CPU run.
+// Offloaded: both kinds, two of them adjacent, the first and the last block among them; two whole steps,
+// then a partial range that starts inside the offloaded set.
+void expect_streaming_equals_resident(const at::Device& device) {
+  c10::InferenceMode guard;
+  const std::string dir = dp::test::reference_dir() + "/flux/dev_like/transformer";
+  const auto config = FluxConfig::from_json(read_json_file(dir + "/config.json"), dir);
+  ASSERT_GE(config.num_layers, 2);
+  ASSERT_GE(config.num_blocks() - config.num_layers, 3);
+  const int64_t last = config.num_blocks() - 1;
+  FluxParts parts = FluxParts::all();
+  parts.offloaded = {{0, OffloadedWeights::mapped_file}, {1, OffloadedWeights::pinned_host},
+                     {config.num_layers + 1, OffloadedWeights::mapped_file}, {last, OffloadedWeights::pinned_host}};
+  const auto resident = FluxTransformer::load(dir, at::kFloat, device);
+  const auto streamed = FluxTransformer::load(dir, at::kFloat, device, parts);
+  EXPECT_EQ(resident.offload_stats().copies, 0);
+
+  const int64_t dim = config.inner_dim();
+  at::manual_seed(5);
+  const at::Tensor image = at::randn({2, 6, dim}).to(device), text = at::randn({2, 3, dim}).to(device);
+  const at::Tensor temb = at::randn({2, dim}).to(device);
+  const auto rope = resident.rotary(at::zeros({3, 3}), at::randn({6, 3}));
+  FluxActivations a{image.clone(), text.clone(), temb}, b{image.clone(), text.clone(), temb};
+  const int steps = 2;
+  for (int step = 0; step < steps; ++step) {
+    resident.run_blocks(a, rope, 0, config.num_blocks());
+    streamed.run_blocks(b, rope, 0, config.num_blocks());
+    EXPECT_TRUE(at::equal(a.image, b.image)) << "step " << step << ": max difference "
+                                             << (a.image - b.image).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(a.text, b.text)) << "step " << step;
+  }
+  // The first use fills a slot, and every use copies the next offloaded block in (the last one's next is the
+  // first, for the following step): 4 blocks a step, plus that first fill.
+  const auto stats = streamed.offload_stats();
+  EXPECT_EQ(stats.blocks, 4);
+  EXPECT_EQ(stats.copies, 4 * steps + 1);
+  EXPECT_GT(stats.bytes, 0u);
+  // A partial range that begins past the prefetched block: the block is filled on demand.
+  FluxActivations c{image.clone(), text.clone(), temb}, d{image.clone(), text.clone(), temb};
+  resident.run_blocks(c, rope, config.num_layers, config.num_blocks());
+  streamed.run_blocks(d, rope, config.num_layers, config.num_blocks());
+  EXPECT_TRUE(at::equal(c.image, d.image)) << "partial range";
+}
+
+TEST(FluxTransformer, OffloadedBlocksStreamOnTheCpuAndComputeTheSameAsResident) {
+  expect_streaming_equals_resident(at::kCPU);
+}
+
+TEST(FluxTransformerCuda, OffloadedBlocksStreamToTheGpuAndComputeTheSameAsResident) {
+  DP_TEST_NEED_CUDA();
+  expect_streaming_equals_resident(at::Device(at::kCUDA, 0));
 }
 
 TEST(FluxTransformer, ConfigAndShapeErrorsNameTheCulprit) {

@@ -1,8 +1,11 @@
 // Device maps against the oracle (tests/reference/cases_placement.py): for FLUX.1-dev at full size and for
 // tiny configs, every strategy and max_memory setting gives exactly accelerate's hf_device_map, the module
-// tree matches diffusers' named_modules, pipeline-level "balanced" matches diffusers (without its overwrite
-// bug), by default over every component as FluxPipeline.from_pretrained(device_map="balanced") on the full
-// FLUX.1-dev folder, and the time-balanced "pipeline" strategy beats "balanced" on stage-time imbalance.
+// tree matches diffusers' named_modules, pipeline-level "balanced" matches diffusers, by default over every
+// component as FluxPipeline.from_pretrained(device_map="balanced") on the full FLUX.1-dev folder, and the
+// time-balanced "pipeline" strategy beats "balanced" on stage-time imbalance.
+// Where accelerate or diffusers gives no answer to compare with (accelerate raises on a "disk" budget;
+// diffusers' map drops components that missed their GPU), the expectation is ours: those cases live in the
+// PlacementOursNotOracle suite, apart from the oracle's.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -88,19 +91,24 @@ std::string max_memory_flag(const nlohmann::json& max_memory) {
   return spec;
 }
 
-// diffusers' map with its overwrite bug undone: every component that missed its GPU belongs on cpu, while
-// diffusers keeps only the last one of them.
-std::set<std::pair<std::string, std::string>> expected_components(const nlohmann::json& diffusers_map,
-                                                                   const std::vector<std::string>& components,
-                                                                   bool* bug_undone = nullptr) {
-  auto want = as_pairs(diffusers_map);
+// The components of a case that diffusers' map leaves out: its overwrite bug keeps only the last of the
+// components that missed their GPU (on cpu), so the others have no entry at all.
+std::vector<std::string> dropped_by_diffusers(const nlohmann::json& diffusers_map, const nlohmann::json& components) {
+  std::vector<std::string> dropped;
   for (const auto& name : components)
-    if (!diffusers_map.contains(name)) {
-      want.emplace(name, "cpu");
-      if (bug_undone != nullptr) *bug_undone = true;
-    }
+    if (!diffusers_map.contains(name.get<std::string>())) dropped.push_back(name.get<std::string>());
+  return dropped;
+}
+
+// OUR expectation, not diffusers': its map with every dropped component put on cpu, where the last one that
+// missed its GPU went.
+std::set<std::pair<std::string, std::string>> our_fix_of_dropped(const nlohmann::json& diffusers_map,
+                                                                 const std::vector<std::string>& dropped) {
+  auto want = as_pairs(diffusers_map);
+  for (const auto& name : dropped) want.emplace(name, "cpu");
   return want;
 }
+
 
 TEST(PlacementOracle, ModuleTreeAndParameterOrderMatchDiffusers) {
   int checked = 0;
@@ -183,25 +191,28 @@ TEST(PlacementOracle, CliJsonGivesAcceleratesMapForFluxDev) {
   EXPECT_GE(run, 30);
 }
 
-TEST(PlacementOracle, PipelineLevelBalancedMatchesDiffusersWithoutTheOverwriteBug) {
-  const auto oracle = oracle_json("pipeline_cases.json");
+// Pipeline-level "balanced" on the oracle's tiny folder, library and CLI: `oracle` selects the cases where
+// diffusers' map names every component (compared exactly), or else those where it drops some, compared with
+// our fix of its bug. Returns how many cases ran, and how many of them placed every component by default.
+std::pair<int, int> check_tiny_pipeline_cases(bool oracle) {
+  const auto oracle_doc = oracle_json("pipeline_cases.json");
   const std::string model = oracle_dir() + "/pipeline_tiny";
   const auto folder = io::ModelFolder::open(model);
   std::map<std::string, int64_t> sizes;
-  for (const auto& item : oracle["sizes"].items()) {
+  for (const auto& item : oracle_doc["sizes"].items()) {
     const auto& component = folder.component(item.key());
     sizes[item.key()] = component_bytes(component, folder.config(item.key()), io::DType::BF16);
     EXPECT_EQ(sizes[item.key()], item.value().get<int64_t>()) << item.key() << ": size from headers";
   }
-  int bug_cases = 0, default_cases = 0;
-  for (const auto& c : oracle["cases"]) {
+  int cases = 0, default_cases = 0;
+  for (const auto& c : oracle_doc["cases"]) {
+    const auto dropped = dropped_by_diffusers(c["diffusers_map"], c["components"]);
+    if (dropped.empty() != oracle) continue;
     SCOPED_TRACE(c.dump());
     std::vector<ComponentSize> components;
     for (const auto& name : c["components"]) components.push_back({name, sizes[name]});
     const auto placed = place_components_balanced(components, MaxMemory::from_json(c["max_memory"], "case"));
-    bool bug_undone = false;
-    const auto want = expected_components(c["diffusers_map"], c["components"], &bug_undone);
-    bug_cases += bug_undone ? 1 : 0;
+    const auto want = oracle ? as_pairs(c["diffusers_map"]) : our_fix_of_dropped(c["diffusers_map"], dropped);
     EXPECT_EQ(as_pairs(placed.device_map), want);
 
     // The CLI gives the same map; when the case places every component, also without --components.
@@ -210,35 +221,57 @@ TEST(PlacementOracle, PipelineLevelBalancedMatchesDiffusersWithoutTheOverwriteBu
     const std::string command = dp::test::diffpipe_binary() + " plan --json --model " + model +
                                 " --pipeline-device-map balanced --max-memory " + max_memory_flag(c["max_memory"]);
     auto result = dp::test::run_command(command + " --components " + names + " 2>/dev/null");
-    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    if (result.exit_code != 0) continue;
     EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]), want);
-    if (c["components"].size() == oracle["sizes"].size()) {
+    if (c["components"].size() == oracle_doc["sizes"].size()) {
       result = dp::test::run_command(command + " 2>/dev/null");
-      ASSERT_EQ(result.exit_code, 0) << result.output;
+      EXPECT_EQ(result.exit_code, 0) << result.output;
+      if (result.exit_code != 0) continue;
       EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]), want) << "by default";
       ++default_cases;
     }
+    ++cases;
   }
-  EXPECT_GE(bug_cases, 1) << "no case exercises diffusers' overwrite bug";
+  return {cases, default_cases};
+}
+
+TEST(PlacementOracle, PipelineLevelBalancedMatchesDiffusers) {
+  const auto [cases, default_cases] = check_tiny_pipeline_cases(/*oracle=*/true);
+  EXPECT_GE(cases, 8) << "too few cases where diffusers places every component";
   EXPECT_GE(default_cases, 1) << "no case places every component";
 }
 
-// `plan --pipeline-device-map balanced` on the full FLUX.1-dev folder (make-random's, headers only) without
-// --components: every component, transformer included, exactly where FluxPipeline.from_pretrained(folder,
-// device_map="balanced", max_memory=...) puts it (diffusers' own _get_final_device_map in the oracle).
-TEST(PlacementOracle, PipelineBalancedPlacesEveryComponentOfFluxDevByDefaultAsDiffusers) {
-  const auto oracle = oracle_json("flux_dev_pipeline_cases.json");
-  const std::string model = dp::test::temp_dir("placement-flux-dev-pipeline") + "/FLUX.1-dev";
-  const std::string bin = dp::test::diffpipe_binary();
-  auto result = dp::test::run_command(bin + " make-random --pipeline --sparse --arch flux-dev --out " + model +
-                                      " 2>&1");
-  ASSERT_EQ(result.exit_code, 0) << result.output;
+// Not an oracle comparison: where diffusers' map drops components (its overwrite bug), what we do instead.
+TEST(PlacementOursNotOracle, PipelineBalancedPutsComponentsDiffusersDropsOnCpu) {
+  const auto [cases, default_cases] = check_tiny_pipeline_cases(/*oracle=*/false);
+  EXPECT_GE(cases, 1) << "no case exercises diffusers' overwrite bug";
+}
 
+// The full FLUX.1-dev folder make-random writes (headers only), once per test binary.
+const std::string& flux_dev_pipeline_folder() {
+  static const std::string model = [] {
+    const std::string dir = dp::test::temp_dir("placement-flux-dev-pipeline") + "/FLUX.1-dev";
+    const auto result = dp::test::run_command(dp::test::diffpipe_binary() +
+                                              " make-random --pipeline --sparse --arch flux-dev --out " + dir + " 2>&1");
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return dir;
+  }();
+  return model;
+}
+
+// `plan --pipeline-device-map balanced` on that folder without --components: every component, transformer
+// included. `oracle` selects the cases where diffusers' map names every component (compared exactly), or else
+// those where it drops some (compared with our fix). Returns the cases run and those with the transformer on
+// a GPU.
+std::pair<int, int> check_flux_dev_pipeline_cases(bool oracle) {
+  const auto doc = oracle_json("flux_dev_pipeline_cases.json");
+  const std::string& model = flux_dev_pipeline_folder();
   // Sizes from the headers are the ones diffusers computes from the configs, per run dtype.
   const auto folder = io::ModelFolder::open(model);
-  std::vector<std::string> every_component;
-  for (const auto& [dtype, sizes] : oracle["sizes"].items()) {
-    every_component.clear();
+  nlohmann::json every_component = nlohmann::json::array();
+  for (const auto& [dtype, sizes] : doc["sizes"].items()) {
+    every_component = nlohmann::json::array();
     for (const auto& [name, bytes] : sizes.items()) {
       EXPECT_EQ(component_bytes(folder.component(name), folder.config(name), io::parse_run_dtype(dtype)),
                 bytes.get<int64_t>())
@@ -246,33 +279,80 @@ TEST(PlacementOracle, PipelineBalancedPlacesEveryComponentOfFluxDevByDefaultAsDi
       every_component.push_back(name);
     }
   }
-  ASSERT_EQ(every_component.size(), 4u) << "transformer, vae and the two text encoders";
-
-  int bug_cases = 0, transformer_on_gpu = 0;
-  for (const auto& c : oracle["cases"]) {
-    const std::string command = bin + " plan --json --model " + model + " --pipeline-device-map balanced --dtype " +
-                                c["dtype"].get<std::string>() + " --max-memory " + max_memory_flag(c["max_memory"]);
+  EXPECT_EQ(every_component.size(), 4u) << "transformer, vae and the two text encoders";
+  int cases = 0, transformer_on_gpu = 0;
+  for (const auto& c : doc["cases"]) {
+    const auto dropped = dropped_by_diffusers(c["diffusers_map"], every_component);
+    if (dropped.empty() != oracle) continue;
+    const std::string command = dp::test::diffpipe_binary() + " plan --json --model " + model +
+                                " --pipeline-device-map balanced --dtype " + c["dtype"].get<std::string>() +
+                                " --max-memory " + max_memory_flag(c["max_memory"]);
     SCOPED_TRACE(command);
-    result = dp::test::run_command(command + " 2>/dev/null");
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-    bool bug_undone = false;
-    const auto want = expected_components(c["diffusers_map"], every_component, &bug_undone);
+    const auto result = dp::test::run_command(command + " 2>/dev/null");
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    if (result.exit_code != 0) continue;
+    const auto want = oracle ? as_pairs(c["diffusers_map"]) : our_fix_of_dropped(c["diffusers_map"], dropped);
     const auto got = as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]);
     EXPECT_EQ(got, want) << "\n got: " << describe(got) << "\nwant: " << describe(want);
-    bug_cases += bug_undone ? 1 : 0;
+    ++cases;
     transformer_on_gpu += c["diffusers_map"].value("transformer", nlohmann::json("cpu")).is_number() ? 1 : 0;
   }
-  EXPECT_GE(bug_cases, 1) << "no case exercises diffusers' overwrite bug";
+  return {cases, transformer_on_gpu};
+}
+
+// Exactly where FluxPipeline.from_pretrained(folder, device_map="balanced", max_memory=...) puts every
+// component (diffusers' own _get_final_device_map in the oracle).
+TEST(PlacementOracle, PipelineBalancedPlacesEveryComponentOfFluxDevByDefaultAsDiffusers) {
+  const auto [cases, transformer_on_gpu] = check_flux_dev_pipeline_cases(/*oracle=*/true);
+  EXPECT_GE(cases, 8) << "too few cases where diffusers places every component";
   EXPECT_GE(transformer_on_gpu, 5) << "the transformer should be placed on a GPU in most cases";
 
   // The seed guide's encoders-only step (transformer=None, vae=None) names its components.
-  result = dp::test::run_command(bin + " plan --json --model " + model +
-                                 " --pipeline-device-map balanced --components text_encoder,text_encoder_2 "
-                                 "--max-memory " + dp::test::source_dir() +
-                                 "/configs/device_maps/seed_max_memory_16GB_x2.json 2>/dev/null");
+  const auto result = dp::test::run_command(dp::test::diffpipe_binary() + " plan --json --model " +
+                                            flux_dev_pipeline_folder() +
+                                            " --pipeline-device-map balanced --components text_encoder,text_encoder_2 "
+                                            "--max-memory " + dp::test::source_dir() +
+                                            "/configs/device_maps/seed_max_memory_16GB_x2.json 2>/dev/null");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["pipeline_hf_device_map"]),
             (std::set<std::pair<std::string, std::string>>{{"text_encoder_2", "0"}, {"text_encoder", "1"}}));
+}
+
+// Not an oracle comparison: the FLUX.1-dev budgets where diffusers' map drops a component, and what we do.
+TEST(PlacementOursNotOracle, FluxDevPipelineBalancedPutsComponentsDiffusersDropsOnCpu) {
+  const auto [cases, transformer_on_gpu] = check_flux_dev_pipeline_cases(/*oracle=*/false);
+  EXPECT_GE(cases, 1) << "no FLUX.1-dev case exercises diffusers' overwrite bug";
+}
+
+// Not an oracle comparison: the "disk" budgets where accelerate raises instead of giving a map. Our rule
+// (balance without "disk", then walk with it) is pinned here so that a change to it shows; the oracle script
+// records accelerate's error beside each, and drops the case from here once accelerate gives a map.
+TEST(PlacementOursNotOracle, DiskBudgetsWhereAccelerateRaisesFollowOurRule) {
+  const auto cases = oracle_json("ours_cases.json");
+  ASSERT_GE(cases.size(), 3u) << "the FLUX.1-dev disk budget under auto, balanced and balanced_low_0";
+  for (const auto& c : cases) {
+    const std::string config_name = c["config"].get<std::string>();
+    SCOPED_TRACE(config_name + " " + c["dtype"].get<std::string>() + " " + c["strategy"].get<std::string>() + " " +
+                 c["max_memory"].dump());
+    EXPECT_FALSE(c["accelerate_error"].get<std::string>().empty());
+    EXPECT_TRUE(c["max_memory"].contains("disk")) << "accelerate only raises on a disk budget";
+    const auto config_json = read_json_file(oracle_dir() + "/configs/" + config_name + ".json");
+    const std::string model = header_only_model(config_json, config_name);
+    const auto config = models::FluxConfig::from_json(config_json, config_name);
+    const ModuleTree tree = flux_module_tree(config, io::WeightIndex::open_dir(model + "/transformer"),
+                                             io::parse_run_dtype(c["dtype"].get<std::string>()));
+    Strategy strategy;
+    ASSERT_TRUE(parse_strategy(c["strategy"].get<std::string>(), &strategy));
+    const auto placed = place_with_strategy(tree, strategy, MaxMemory::from_json(c["max_memory"], "case"));
+    EXPECT_EQ(as_pairs(placed.device_map), as_pairs(c["our_rule"]));
+    // The CLI plans the same.
+    const auto result = dp::test::run_command(dp::test::diffpipe_binary() + " plan --json --model " + model +
+                                              " --dtype " + c["dtype"].get<std::string>() + " --device-map " +
+                                              c["strategy"].get<std::string>() + " --max-memory " +
+                                              max_memory_flag(c["max_memory"]) + " 2>/dev/null");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_EQ(as_pairs(nlohmann::json::parse(result.output)["hf_device_map"]), as_pairs(c["our_rule"]));
+  }
 }
 
 TEST(PlacementOracle, FluxDevAutoOnTwoLargeGpusMatchesTheHandComputedSplit) {

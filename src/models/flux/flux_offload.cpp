@@ -1,5 +1,7 @@
 #include "models/flux/flux_offload.h"
 
+#include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -21,51 +23,145 @@ std::string block_key(const FluxConfig& config, int64_t block) {
 
 }  // namespace
 
+// The device side of one slot: the order between its copy and the compute that reads it, and the copy's time.
+class SlotEvents {
+ public:
+  virtual ~SlotEvents() = default;
+  virtual void copy_begins() = 0;             // on the copy stream, before the copy is issued
+  virtual void copy_ends() = 0;               // on the copy stream, after it
+  virtual void compute_waits_for_copy() = 0;  // the compute stream will not read the slot before the copy ends
+  virtual void compute_recorded() = 0;        // after the compute that read the slot was issued
+  virtual void wait_for_compute() = 0;        // the host waits until that compute has finished
+  virtual double copy_seconds() = 0;          // waits for the copy to end; how long it took
+};
+
+// Where offloaded blocks are streamed to: a CUDA GPU (side stream, events, pinned memory) or the host.
+class OffloadTarget {
+ public:
+  virtual ~OffloadTarget() = default;
+  virtual std::unique_ptr<SlotEvents> slot_events() = 0;
+  // How a pinned_host block, built once on the host, is kept between uses.
+  virtual at::Tensor keep(const at::Tensor& t) = 0;
+  // One use's copy of a kept tensor onto the device, into memory of its own.
+  virtual at::Tensor copy_in(const at::Tensor& t) = 0;
+  // Runs `issue` (the copy, or a load from the mapped file) where copies run.
+  virtual void on_copy_stream(const std::function<void()>& issue) = 0;
+};
+
+namespace {
+
+// The host as the "device": everything runs in program order on the calling thread, so the compute always
+// sees a finished copy and a slot is always free once its compute has returned; the copy time is the host's.
+class HostSlotEvents final : public SlotEvents {
+ public:
+  void copy_begins() override { started_ = std::chrono::steady_clock::now(); }
+  void copy_ends() override { seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(); }
+  void compute_waits_for_copy() override {}
+  void compute_recorded() override {}
+  void wait_for_compute() override {}
+  double copy_seconds() override { return seconds_; }
+
+ private:
+  std::chrono::steady_clock::time_point started_;
+  double seconds_ = 0;
+};
+
+class HostTarget final : public OffloadTarget {
+ public:
+  std::unique_ptr<SlotEvents> slot_events() override { return std::make_unique<HostSlotEvents>(); }
+  at::Tensor keep(const at::Tensor& t) override { return t.contiguous(); }
+  at::Tensor copy_in(const at::Tensor& t) override { return t.clone(at::MemoryFormat::Contiguous); }
+  void on_copy_stream(const std::function<void()>& issue) override { issue(); }
+};
+
 #ifdef DIFFPIPE_HAVE_CUDA
+class CudaSlotEvents final : public SlotEvents {
+ public:
+  explicit CudaSlotEvents(at::Device device) : device_(device) {}
+  void copy_begins() override { copy_started_.record(at::cuda::getCurrentCUDAStream(device_.index())); }
+  void copy_ends() override { copied_.record(at::cuda::getCurrentCUDAStream(device_.index())); }
+  void compute_waits_for_copy() override { copied_.block(at::cuda::getCurrentCUDAStream(device_.index())); }
+  void compute_recorded() override { done_.record(at::cuda::getCurrentCUDAStream(device_.index())); }
+  void wait_for_compute() override { done_.synchronize(); }
+  double copy_seconds() override {
+    copied_.synchronize();
+    return copy_started_.elapsed_time(copied_) / 1e3;
+  }
+
+ private:
+  at::Device device_;
+  // Timing-enabled (cudaEventDefault) so the copy time can be read once `copied_` has completed.
+  at::cuda::CUDAEvent copy_started_{cudaEventDefault};
+  at::cuda::CUDAEvent copied_{cudaEventDefault};
+  at::cuda::CUDAEvent done_{cudaEventDisableTiming};  // recorded after the compute that used the slot
+};
+
+class CudaTarget final : public OffloadTarget {
+ public:
+  explicit CudaTarget(at::Device device)
+      : device_(device), side_(at::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
+  std::unique_ptr<SlotEvents> slot_events() override { return std::make_unique<CudaSlotEvents>(device_); }
+  // Pinned, so that a use is an asynchronous DMA of the converted bytes.
+  at::Tensor keep(const at::Tensor& t) override { return t.contiguous().pin_memory(); }
+  at::Tensor copy_in(const at::Tensor& t) override { return t.to(device_, /*non_blocking=*/true); }
+  void on_copy_stream(const std::function<void()>& issue) override {
+    const c10::cuda::CUDAStreamGuard guard(side_);  // the same side stream for both slots
+    issue();
+  }
+
+ private:
+  at::Device device_;
+  c10::cuda::CUDAStream side_;
+};
+#endif
+
+std::unique_ptr<OffloadTarget> make_target(const at::Device& device) {
+  if (device.is_cpu()) return std::make_unique<HostTarget>();
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (device.is_cuda()) return std::make_unique<CudaTarget>(device);
+#endif
+  DP_FAIL("offloaded blocks stream to a CUDA device or to the CPU; this build cannot stream them to ", device);
+}
+
+}  // namespace
 
 struct OffloadedBlocks::Slot {
   int64_t block = -1;
   std::optional<flux::DoubleBlock> double_block;
   std::optional<flux::SingleBlock> single_block;
   uint64_t bytes = 0;
-  // Timing-enabled (cudaEventDefault) so the copy time can be read once `copied` has completed.
-  at::cuda::CUDAEvent copy_started{cudaEventDefault};
-  at::cuda::CUDAEvent copied{cudaEventDefault};
-  at::cuda::CUDAEvent done{cudaEventDisableTiming};  // recorded after the compute that used this slot
-  bool copy_untimed = false;                          // copied, time not yet added to the stats
-  bool used = false;                                  // `done` was recorded since the last fill
-  std::optional<c10::cuda::CUDAStream> side;          // where the copies run (the same stream for both slots)
+  std::unique_ptr<SlotEvents> events;
+  bool copy_untimed = false;  // copied, time not yet added to the stats
+  bool used = false;          // the compute that read it was recorded since the last fill
 };
 
 OffloadedBlocks::OffloadedBlocks(const ModuleWeights& root, const FluxConfig& config,
                                  std::map<int64_t, OffloadedWeights> blocks)
-    : root_(root), config_(config), blocks_(std::move(blocks)) {
-  DP_CHECK(root_.device().is_cuda(), "offloaded blocks are streamed to a CUDA device; on ", root_.device(),
-           " they are simply resident");
+    : root_(root), config_(config), target_(make_target(root.device())), blocks_(std::move(blocks)) {
   stats_.blocks = static_cast<int64_t>(blocks_.size());
-  // pinned_host: built once on the host through the same loader as a resident block, then pinned so that a
-  // use is an asynchronous DMA of the converted bytes.
+  // pinned_host: built once on the host through the same loader as a resident block, then kept as the target
+  // keeps it (pinned for a GPU).
   const ModuleWeights host_root(root_.index_ptr(), root_.dtype(), at::kCPU, root_.prefix());
-  const flux::TensorMap pin = [](const at::Tensor& t) { return t.contiguous().pin_memory(); };
+  const flux::TensorMap keep = [this](const at::Tensor& t) { return target_->keep(t); };
+  const bool pinned = root_.device().is_cuda();
   for (const auto& [block, where] : blocks_) {
     DP_CHECK(block >= 0 && block < config_.num_blocks(), "offloaded block ", block, " is outside the model's ",
              config_.num_blocks(), " blocks");
     if (where != OffloadedWeights::pinned_host) continue;
     const ModuleWeights scope = host_root.child(block_key(config_, block));
     if (block < config_.num_layers) {
-      const auto built = flux::DoubleBlock::load(scope, config_).map(pin);
-      stats_.host_bytes += built.nbytes();
+      const auto built = flux::DoubleBlock::load(scope, config_).map(keep);
+      if (pinned) stats_.host_bytes += built.nbytes();
       host_double_.emplace(block, built);
     } else {
-      const auto built = flux::SingleBlock::load(scope, config_).map(pin);
-      stats_.host_bytes += built.nbytes();
+      const auto built = flux::SingleBlock::load(scope, config_).map(keep);
+      if (pinned) stats_.host_bytes += built.nbytes();
       host_single_.emplace(block, built);
     }
   }
-  const auto side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, root_.device().index());
   for (auto& slot : slots_) {
     slot = std::make_unique<Slot>();
-    slot->side = side;
+    slot->events = target_->slot_events();
   }
 }
 
@@ -74,8 +170,8 @@ OffloadedBlocks::~OffloadedBlocks() {
   for (auto& slot : slots_) {
     if (!slot) continue;
     try {
-      if (slot->used) slot->done.synchronize();
-      if (slot->block >= 0) slot->copied.synchronize();
+      if (slot->used) slot->events->wait_for_compute();
+      if (slot->block >= 0) slot->events->copy_seconds();
     } catch (...) {
       // A failed device is reported by whoever used it; a destructor must not throw.
     }
@@ -89,10 +185,9 @@ int64_t OffloadedBlocks::next_after(int64_t block) const {
 
 // Empties a slot: waits (on the host) for the compute that read it, so its memory can be reused at once.
 void OffloadedBlocks::retire(Slot& slot) {
-  if (slot.used) slot.done.synchronize();
+  if (slot.used) slot.events->wait_for_compute();
   if (slot.copy_untimed) {
-    slot.copied.synchronize();
-    stats_.copy_seconds += slot.copy_started.elapsed_time(slot.copied) / 1e3;
+    stats_.copy_seconds += slot.events->copy_seconds();
     slot.copy_untimed = false;
   }
   slot.double_block.reset();
@@ -106,24 +201,23 @@ OffloadedBlocks::Slot& OffloadedBlocks::fill(int64_t block) {
   const int index = last_used_ == 0 ? 1 : 0;
   Slot& slot = *slots_[index];
   retire(slot);
-  const at::Device device = root_.device();
-  const c10::cuda::CUDAStreamGuard side(*slot.side);
-  const auto stream = at::cuda::getCurrentCUDAStream(device.index());
-  slot.copy_started.record(stream);
   const auto where = blocks_.at(block);
-  const flux::TensorMap to_device = [&](const at::Tensor& t) { return t.to(device, /*non_blocking=*/true); };
-  if (block < config_.num_layers) {
-    slot.double_block = where == OffloadedWeights::pinned_host
-                            ? host_double_.at(block).map(to_device)
-                            : flux::DoubleBlock::load(root_.child(block_key(config_, block)), config_);
-    slot.bytes = slot.double_block->nbytes();
-  } else {
-    slot.single_block = where == OffloadedWeights::pinned_host
-                            ? host_single_.at(block).map(to_device)
-                            : flux::SingleBlock::load(root_.child(block_key(config_, block)), config_);
-    slot.bytes = slot.single_block->nbytes();
-  }
-  slot.copied.record(stream);
+  const flux::TensorMap copy_in = [this](const at::Tensor& t) { return target_->copy_in(t); };
+  target_->on_copy_stream([&] {
+    slot.events->copy_begins();
+    if (block < config_.num_layers) {
+      slot.double_block = where == OffloadedWeights::pinned_host
+                              ? host_double_.at(block).map(copy_in)
+                              : flux::DoubleBlock::load(root_.child(block_key(config_, block)), config_);
+      slot.bytes = slot.double_block->nbytes();
+    } else {
+      slot.single_block = where == OffloadedWeights::pinned_host
+                              ? host_single_.at(block).map(copy_in)
+                              : flux::SingleBlock::load(root_.child(block_key(config_, block)), config_);
+      slot.bytes = slot.single_block->nbytes();
+    }
+    slot.events->copy_ends();
+  });
   slot.copy_untimed = true;
   slot.block = block;
   stats_.copies += 1;
@@ -138,14 +232,13 @@ void OffloadedBlocks::forward(int64_t block, at::Tensor& image, at::Tensor& text
   for (int i = 0; i < 2; ++i)
     if (slots_[i]->block == block) slot = slots_[i].get();
   if (slot == nullptr) slot = &fill(block);  // not prefetched: the first use, or a partial range
-  const auto compute = at::cuda::getCurrentCUDAStream(root_.device().index());
-  slot->copied.block(compute);
+  slot->events->compute_waits_for_copy();
   if (slot->double_block) {
     slot->double_block->forward(image, text, temb, rope, shard);
   } else {
     slot->single_block->forward(image, text, temb, rope, shard);
   }
-  slot->done.record(compute);
+  slot->events->compute_recorded();
   slot->used = true;
   last_used_ = slot == slots_[0].get() ? 0 : 1;
   // The compute above is queued; copying the next block now overlaps it (a copy from the mmapped file blocks
@@ -157,32 +250,10 @@ void OffloadedBlocks::forward(int64_t block, at::Tensor& image, at::Tensor& text
 OffloadStats OffloadedBlocks::stats() {
   for (auto& slot : slots_) {
     if (!slot->copy_untimed) continue;
-    slot->copied.synchronize();
-    stats_.copy_seconds += slot->copy_started.elapsed_time(slot->copied) / 1e3;
+    stats_.copy_seconds += slot->events->copy_seconds();
     slot->copy_untimed = false;
   }
   return stats_;
 }
-
-#else  // no CUDA in this build: offloaded blocks are resident wherever they run
-
-struct OffloadedBlocks::Slot {};
-
-OffloadedBlocks::OffloadedBlocks(const ModuleWeights& root, const FluxConfig& config,
-                                 std::map<int64_t, OffloadedWeights> blocks)
-    : root_(root), config_(config), blocks_(std::move(blocks)) {
-  DP_FAIL("offloaded blocks are streamed to a CUDA device, and this build has no CUDA support");
-}
-OffloadedBlocks::~OffloadedBlocks() = default;
-int64_t OffloadedBlocks::next_after(int64_t block) const { return block; }
-void OffloadedBlocks::retire(Slot&) {}
-OffloadedBlocks::Slot& OffloadedBlocks::fill(int64_t) { DP_FAIL("no CUDA support"); }
-void OffloadedBlocks::forward(int64_t, at::Tensor&, at::Tensor&, const at::Tensor&, const flux::RotaryTables&,
-                              const flux::SequenceShard*) {
-  DP_FAIL("no CUDA support");
-}
-OffloadStats OffloadedBlocks::stats() { return stats_; }
-
-#endif
 
 }  // namespace dp::models

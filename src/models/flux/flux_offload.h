@@ -11,6 +11,10 @@
 // only after the host has seen the compute that used it finish, so the GPU never holds more than two
 // offloaded blocks. The next block after the last one is the first one again: the copy for the next step
 // overlaps the rest of this step. With one or two offloaded blocks, both stay in their slots.
+// On the CPU the same code streams to a host "device": a pinned_host block is kept once (unpinned) and each
+// use copies it into a buffer of its own, a mapped_file block is loaded per use, and the ordering is program
+// order. Nothing is gained there; it exists so that the streaming logic (slots, prefetch, wrap-around) runs
+// in every CPU test against the resident blocks, instead of only on a GPU.
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -26,16 +30,19 @@ namespace dp::models {
 enum class OffloadedWeights { pinned_host, mapped_file };
 
 struct OffloadStats {
-  int64_t copies = 0;        // block copies to the GPU
+  int64_t copies = 0;        // block copies to the device
   uint64_t bytes = 0;        // bytes those copies moved
-  double copy_seconds = 0;   // side-stream time of the copies (CUDA events)
+  double copy_seconds = 0;   // time of the copies: side-stream time on CUDA (events), host clock on the CPU
   int64_t blocks = 0;        // offloaded blocks
-  uint64_t host_bytes = 0;   // pinned host memory holding pinned_host blocks
+  uint64_t host_bytes = 0;   // pinned host memory holding pinned_host blocks (none on the CPU: not pinned)
 };
+
+// How the blocks reach the device they run on (a CUDA GPU, or the host): flux_offload.cpp.
+class OffloadTarget;
 
 class OffloadedBlocks {
  public:
-  // `root` reads the transformer's checkpoint at the run dtype for the CUDA device the blocks run on.
+  // `root` reads the transformer's checkpoint at the run dtype for the device the blocks run on (CUDA or CPU).
   OffloadedBlocks(const ModuleWeights& root, const FluxConfig& config, std::map<int64_t, OffloadedWeights> blocks);
   ~OffloadedBlocks();
   OffloadedBlocks(const OffloadedBlocks&) = delete;
@@ -57,6 +64,7 @@ class OffloadedBlocks {
 
   ModuleWeights root_;
   FluxConfig config_;
+  std::unique_ptr<OffloadTarget> target_;
   std::map<int64_t, OffloadedWeights> blocks_;
   std::map<int64_t, flux::DoubleBlock> host_double_;  // pinned_host blocks, built once
   std::map<int64_t, flux::SingleBlock> host_single_;

@@ -41,9 +41,9 @@ struct FluxParts {
   int64_t first_block = 0;
   int64_t last_block = -1;  // exclusive; -1 means all blocks
   bool head = true;         // norm_out, proj_out
-  // Blocks of [first_block, last_block) a device map offloads to "cpu" or "disk". On a CUDA device their
-  // weights stay off the GPU and are copied in per use (models/flux/flux_offload.h); on the CPU they are
-  // resident like the others, since they already are where they run.
+  // Blocks of [first_block, last_block) a device map offloads to "cpu" or "disk". Their weights stay off the
+  // device and are copied in per use (models/flux/flux_offload.h): to the GPU on CUDA; on the CPU into buffers
+  // of their own, which gains nothing but runs the same streaming code.
   std::map<int64_t, OffloadedWeights> offloaded = {};
   static FluxParts all() { return {}; }
   static FluxParts blocks(int64_t first, int64_t last) { return {false, first, last, false}; }
@@ -90,7 +90,7 @@ class FluxTransformer {
   Linear time_linear_1_, time_linear_2_, guidance_linear_1_, guidance_linear_2_, text_linear_1_, text_linear_2_;
   std::vector<flux::DoubleBlock> double_blocks_;  // indexed from max(first_block, 0)
   std::vector<flux::SingleBlock> single_blocks_;
-  // Streamed blocks (CUDA only); their entries in double_blocks_ / single_blocks_ hold no weights.
+  // Streamed (offloaded) blocks; their entries in double_blocks_ / single_blocks_ hold no weights.
   std::shared_ptr<OffloadedBlocks> offloaded_;
   Linear norm_out_, proj_out_;
 };
