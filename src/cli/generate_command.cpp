@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "cli/generate_inputs.h"
 #include "cli/torch_boundary.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -44,6 +45,7 @@ struct GenerateOptions {
   double guidance = 3.5;
   uint64_t seed = 0;
   runtime::RuntimeOptions runtime;
+  GenerateInputs inputs;  // --lora, --negative-prompt, --true-cfg-scale, --sigmas, --latents
   std::string resume;  // --resume FILE|DIR
   // The run options given on the command line (as compare_runs names them): --resume takes the others from
   // the checkpoint.
@@ -74,29 +76,22 @@ void take_options_from_checkpoint(const io::CheckpointRun& c, GenerateOptions& o
   if (!o.was_given("max-sequence-length")) o.max_sequence_length = c.max_sequence_length;
   if (!o.was_given("dtype")) o.dtype = c.dtype;
   if (!o.was_given("microbatch-size")) o.runtime.microbatch_size = c.microbatch_size;
+  take_inputs_from_checkpoint(c, o.given, o.inputs);
 }
 
 // After the size is resolved: every option given must match the checkpoint, and so must the model.
 void check_resume_matches(const io::Checkpoint& c, const std::string& path, const GenerateOptions& o,
                           const pipeline::GenerateRequest& request, const std::string& dtype,
                           const pipeline::FluxPipeline& flux) {
-  io::CheckpointRun run;
-  run.prompts = request.prompts;
-  run.num_images_per_prompt = request.num_images_per_prompt;
-  run.height = request.height;
-  run.width = request.width;
-  run.steps = request.steps;
-  run.guidance = request.guidance;
-  run.seed = request.seed;
-  run.max_sequence_length = request.max_sequence_length;
+  io::CheckpointRun run = runtime::checkpoint_run(request, o.runtime.microbatch_size);
   run.dtype = dtype;
-  run.microbatch_size = o.runtime.microbatch_size;
   std::string differences;
   for (const auto& d : io::compare_runs(c.run, run, o.given))
     differences += str("\n  --", d.field, ": checkpoint ", d.in_checkpoint, ", this run ", d.in_run);
   DP_CHECK(differences.empty(), "--resume ", path, " was written with other options (leave them out to take the "
            "checkpoint's):", differences);
-  const std::string fingerprint = runtime::model_fingerprint(flux.folder().component("transformer").path);
+  const std::string fingerprint =
+      runtime::model_fingerprint(flux.folder().component("transformer").path) + runtime::adapters_fingerprint(request);
   DP_CHECK(fingerprint == c.model_fingerprint, "--resume ", path, " was written for another model: transformer "
            "fingerprint ", c.model_fingerprint, " (", c.model_dir, "), --model ", o.model, " has ", fingerprint);
 }
@@ -291,6 +286,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   request.dtype = io::parse_run_scalar_type(dtype);
   DP_CHECK(o.output_type == "png" || o.output_type == "latent", "--output-type: expected png or latent, got '",
            o.output_type, "'");
+  for (size_t i = 0; i < o.inputs.negative_prompts.size(); ++i)
+    check_prompt_text(o.inputs.negative_prompts[i], str("negative prompt ", i + 1));
+  apply_inputs(o.inputs, o.was_given("steps"), request);
   request.validate();
   const bool decode = o.output_type == "png";
   const std::string out = output_path_for(o);
@@ -317,6 +315,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
+  // The adapters' headers and the latents file, fitted to the configs: still before any weight is read.
+  load_inputs(o.inputs, flux, request);
+  request.validate();
   const auto grid = flux.resolve_image_size(request);
   if (checkpoints.resume) check_resume_matches(*checkpoints.resume, checkpoints.resume_path, o, request, dtype, flux);
   // Which rank runs CLIP, T5 and the VAE, checked here, before any weight is read: a map that names a GPU past
@@ -483,6 +484,7 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
   cmd->add_option("--resume", o->resume,
                   "continue from a checkpoint file, or the newest valid one in a directory; options not given are "
                   "taken from it, those given must match it (any world size and device map)");
+  add_generate_input_options(*cmd, o->inputs);
   cmd->add_option("--embeddings-cache", o->runtime.checkpoints.embeddings_cache,
                   "HDF5 file of prompt embeddings keyed by prompt, max sequence length, dtype and the text "
                   "encoders' fingerprint: prompts found there skip CLIP and T5, new ones are added");
@@ -493,6 +495,7 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
              {"--seed", "seed"}, {"--max-sequence-length", "max-sequence-length"}, {"--dtype", "dtype"},
              {"--microbatch-size", "microbatch-size"}})
       if (cmd->count(flag) > 0) o->given.push_back(field);
+    for (const auto& field : given_input_options(*cmd)) o->given.push_back(field);
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
     world.run_guarded([&] {

@@ -46,6 +46,11 @@ Attributes attributes_of(const Checkpoint& c) {
   a.texts["model_fingerprint"] = c.model_fingerprint;
   a.texts["device_map"] = c.device_map;
   a.texts["written_by"] = c.written_by;
+  if (c.format_version >= 2) {
+    a.numbers["true_cfg_scale"] = c.run.true_cfg_scale;
+    a.texts["initial_latents"] = c.run.initial_latents;
+    a.texts["lora"] = c.run.lora;
+  }
   return a;
 }
 
@@ -62,7 +67,27 @@ std::string content_digest(const Checkpoint& c) {
     d.add(t->dtype + shape_text(t->shape));
     d.add(t->data, t->nbytes);
   }
+  if (c.format_version >= 2) {
+    for (const auto& p : c.run.negative_prompts) d.add(p);
+    d.add(c.run.custom_sigmas.data(), c.run.custom_sigmas.size() * sizeof(double));
+    for (const RawTensor* t : {&c.negative_prompt_embeds, &c.negative_pooled}) {
+      d.add(t->dtype + shape_text(t->shape));
+      d.add(t->data, t->nbytes);
+    }
+  }
   return d.hex();
+}
+
+void write_strings(hid_t h5, const std::string& name, const std::vector<std::string>& strings, const std::string& tmp) {
+  size_t longest = 1;
+  for (const auto& p : strings) longest = std::max(longest, p.size());
+  std::string packed(strings.size() * longest, '\0');
+  for (size_t i = 0; i < strings.size(); ++i) std::memcpy(&packed[i * longest], strings[i].data(), strings[i].size());
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), longest);
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  write_dataset(h5, name, type.get(), type.get(), {static_cast<int64_t>(strings.size())}, packed.data(), tmp);
 }
 
 int step_in_name(const std::string& name) {
@@ -100,12 +125,21 @@ size_t dtype_bytes(const std::string& dtype) {
   DP_FAIL("unknown checkpoint tensor dtype '", dtype, "' (expected fp32, bf16 or fp16)");
 }
 
+bool CheckpointRun::needs_version_2() const {
+  return !negative_prompts.empty() || true_cfg_scale != 1.0 || !custom_sigmas.empty() || !initial_latents.empty() ||
+         !lora.empty();
+}
+
 int Checkpoint::steps_done() const {
   return image_steps.empty() ? 0 : *std::min_element(image_steps.begin(), image_steps.end());
 }
 
-void write_checkpoint(const std::string& path, const Checkpoint& c) {
+void write_checkpoint(const std::string& path, const Checkpoint& given) {
   hdf5::silence_errors();
+  Checkpoint c = given;  // shares the tensors' bytes
+  // The oldest version that holds what the run uses, so that runs without the version 2 options stay readable by
+  // older builds. A version above this build's is kept as asked (tests stand in for a newer writer with it).
+  if (c.format_version <= kCheckpointFormatVersion) c.format_version = c.run.needs_version_2() ? 2 : 1;
   const int64_t images = static_cast<int64_t>(c.image_steps.size());
   DP_CHECK(images >= 1 && c.latents.shape.size() == 3 && c.latents.shape[0] == images, path,
            ": latents ", shape_text(c.latents.shape), " do not match ", images, " image step indices");
@@ -121,21 +155,17 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
                   c.sigmas.data(), tmp);
     write_dataset(h5.get(), "timesteps", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
                   {static_cast<int64_t>(c.timesteps.size())}, c.timesteps.data(), tmp);
-    {
-      size_t longest = 1;
-      for (const auto& p : c.run.prompts) longest = std::max(longest, p.size());
-      std::string packed(c.run.prompts.size() * longest, '\0');
-      for (size_t i = 0; i < c.run.prompts.size(); ++i)
-        std::memcpy(&packed[i * longest], c.run.prompts[i].data(), c.run.prompts[i].size());
-      Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-      H5Tset_size(type.get(), longest);
-      H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-      H5Tset_cset(type.get(), H5T_CSET_UTF8);
-      write_dataset(h5.get(), "prompts", type.get(), type.get(), {static_cast<int64_t>(c.run.prompts.size())},
-                    packed.data(), tmp);
-    }
+    write_strings(h5.get(), "prompts", c.run.prompts, tmp);
     write_tensor(h5.get(), "prompt_embeds", c.prompt_embeds, tmp);
     write_tensor(h5.get(), "pooled_prompt_embeds", c.pooled, tmp);
+    if (!c.run.negative_prompts.empty()) write_strings(h5.get(), "negative_prompts", c.run.negative_prompts, tmp);
+    if (c.negative_prompt_embeds.nbytes > 0) {
+      write_tensor(h5.get(), "negative_prompt_embeds", c.negative_prompt_embeds, tmp);
+      write_tensor(h5.get(), "negative_pooled_prompt_embeds", c.negative_pooled, tmp);
+    }
+    if (!c.run.custom_sigmas.empty())
+      write_dataset(h5.get(), "custom_sigmas", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                    {static_cast<int64_t>(c.run.custom_sigmas.size())}, c.run.custom_sigmas.data(), tmp);
     const Attributes a = attributes_of(c);
     for (const auto& [name, value] : a.numbers) write_number(h5.get(), name, value, tmp);
     for (const auto& [name, value] : a.texts) write_text(h5.get(), name, value, tmp);
@@ -209,6 +239,31 @@ Checkpoint read_checkpoint(const std::string& path) {
   DP_CHECK(c.prompt_embeds.shape[1] == c.run.max_sequence_length, path, ": 'prompt_embeds' ",
            shape_text(c.prompt_embeds.shape), " does not have max_sequence_length ", c.run.max_sequence_length,
            " tokens");
+  if (c.format_version >= 2) {
+    c.run.true_cfg_scale = r.number("true_cfg_scale");
+    c.run.initial_latents = r.text("initial_latents");
+    c.run.lora = r.text("lora");
+    if (r.has("negative_prompts")) {
+      c.run.negative_prompts = r.strings("negative_prompts");
+      DP_CHECK(c.run.negative_prompts.size() == 1 || static_cast<int64_t>(c.run.negative_prompts.size()) == prompts, path,
+               ": ", c.run.negative_prompts.size(), " negative prompts for ", prompts, " prompts");
+    }
+    if (r.has("negative_prompt_embeds")) {
+      c.negative_prompt_embeds = r.tensor("negative_prompt_embeds", 3);
+      c.negative_pooled = r.tensor("negative_pooled_prompt_embeds", 2);
+      DP_CHECK(c.negative_prompt_embeds.shape == c.prompt_embeds.shape && c.negative_pooled.shape == c.pooled.shape &&
+                   c.negative_prompt_embeds.dtype == c.run.dtype && c.negative_pooled.dtype == c.run.dtype,
+               path, ": the negative prompt embeddings ", shape_text(c.negative_prompt_embeds.shape), " and ",
+               shape_text(c.negative_pooled.shape), " do not match the prompts' ", shape_text(c.prompt_embeds.shape),
+               " and ", shape_text(c.pooled.shape), " in ", c.run.dtype);
+    }
+    DP_CHECK(c.run.negative_prompts.empty() == (c.negative_prompt_embeds.nbytes == 0), path,
+             ": negative prompts and their embeddings must be stored together");
+    if (r.has("custom_sigmas")) {
+      c.run.custom_sigmas = as_vector<double>(r.read("custom_sigmas", 1, H5T_FLOAT, 8, H5T_NATIVE_DOUBLE, shape));
+      DP_CHECK(shape[0] == c.run.steps, path, ": 'custom_sigmas' has ", shape[0], " values for ", c.run.steps, " steps");
+    }
+  }
   const std::string stored_digest = r.text("content_digest");
   const std::string actual_digest = content_digest(c);
   DP_CHECK(stored_digest == actual_digest, path, ": content digest mismatch (stored ", stored_digest, ", contents give ",
@@ -295,6 +350,16 @@ std::vector<RunComparison> compare_runs(const CheckpointRun& checkpoint, const C
           std::to_string(run.max_sequence_length));
   compare("dtype", checkpoint.dtype, run.dtype);
   compare("microbatch-size", std::to_string(checkpoint.microbatch_size), std::to_string(run.microbatch_size));
+  compare("negative-prompt", prompts_text(checkpoint.negative_prompts), prompts_text(run.negative_prompts));
+  compare("true-cfg-scale", format_double(checkpoint.true_cfg_scale), format_double(run.true_cfg_scale));
+  const auto sigmas_text = [](const std::vector<double>& sigmas) {
+    std::string text;
+    for (double s : sigmas) text += (text.empty() ? "" : ",") + format_double(s);
+    return text.empty() ? std::string("(default)") : text;
+  };
+  compare("sigmas", sigmas_text(checkpoint.custom_sigmas), sigmas_text(run.custom_sigmas));
+  compare("latents", checkpoint.initial_latents, run.initial_latents);
+  compare("lora", checkpoint.lora, run.lora);
   return out;
 }
 

@@ -16,6 +16,12 @@
 //                          seed (as text: a uint64 does not fit a double), dtype, num_images_per_prompt,
 //                          max_sequence_length, microbatch_size, model, model_fingerprint, device_map,
 //                          world_size, written_by, content_digest
+// Format version 2 adds, and is written only by runs that use them (others still write version 1):
+//   /negative_prompts      (N,) strings, N = 1 or P: true CFG's negative prompts as given
+//   /negative_prompt_embeds, /negative_pooled_prompt_embeds: their T5 and CLIP outputs per image, as above
+//   /custom_sigmas         (steps,) float64: --sigmas as given (before the scheduler's shift)
+//   root attributes        true_cfg_scale; initial_latents (--latents: the file and a digest of its values);
+//                          lora (JSON: mode, adapters with name, path and scale, and their fingerprint)
 // `content_digest` hashes every dataset's bytes and the attributes above it: a file that HDF5 opens but whose
 // contents were torn or flipped is refused.
 //
@@ -29,7 +35,8 @@
 
 namespace dp::io {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// The newest format this build reads and writes (a run writes the oldest version that holds what it uses).
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kCheckpointFormatName = "diffpipe-checkpoint";
 
 // A tensor as bytes: dtype "fp32", "bf16" or "fp16", row-major. `data` stays valid while `owner` lives (or
@@ -57,6 +64,13 @@ struct CheckpointRun {
   int max_sequence_length = 0;
   std::string dtype;  // canonical run dtype name
   int64_t microbatch_size = 1;
+  // Format version 2.
+  std::vector<std::string> negative_prompts;  // true CFG's negative prompts as given (one, or one per prompt)
+  double true_cfg_scale = 1.0;
+  std::vector<double> custom_sigmas;  // --sigmas; empty: FluxPipeline's default schedule
+  std::string initial_latents;        // --latents: file and value digest; empty: drawn from the seed
+  std::string lora;                   // the adapters (JSON); empty: none
+  bool needs_version_2() const;
 };
 
 struct Checkpoint {
@@ -70,6 +84,7 @@ struct Checkpoint {
   std::vector<int32_t> image_steps;  // per image, 0..steps
   std::vector<float> sigmas, timesteps;
   RawTensor latents, prompt_embeds, pooled;
+  RawTensor negative_prompt_embeds, negative_pooled;  // true CFG only (format version 2)
 
   int steps_done() const;  // the slowest image's steps
   bool finished() const { return steps_done() == run.steps; }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/lora_check.h"
 
 namespace dp::pipeline {
 namespace {
@@ -36,7 +37,8 @@ uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& co
 
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
                      at::Device device, const LatentGrid& grid, int64_t text_tokens,
-                     const std::map<int64_t, models::OffloadedWeights>& offloaded) {
+                     const std::map<int64_t, models::OffloadedWeights>& offloaded,
+                     std::shared_ptr<const models::LoraSet> lora) {
   c10::InferenceMode guard;
   const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
@@ -48,7 +50,14 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
   parts.offloaded = offloaded;
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
   weight_bytes_ = held_bytes(*weights, config, parts);
-  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts);
+  if (lora) {
+    // A NaN in an adapter is found before the blocks load, reading only the factors this piece will use.
+    lora->check_finite(io::LoraComponent::transformer, [&](const io::LoraModule& m) {
+      if (m.block >= 0) return m.block >= parts.first_block && m.block < parts.last_block;
+      return models::flux_module_is_embedder(m.module) ? parts.embedders : parts.head;
+    });
+  }
+  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts, std::move(lora));
   const at::Tensor txt_ids = at::zeros({text_tokens, 3}, at::TensorOptions().device(device));
   rope_ = model_.rotary(txt_ids, latent_image_ids(grid).to(device));
 }
@@ -67,9 +76,17 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
   c10::InferenceMode guard;
   const auto device = model_.device();
   models::FluxActivations state;
+  // A last (B,) int64 tensor: each row's adapter choice (prompts that pick their own LoRA adapters).
+  const bool choices = inputs.size() == 4;
+  if (choices) {
+    const at::Tensor ids = inputs[3].to(at::kCPU, at::kLong).contiguous();
+    DP_CHECK(ids.dim() == 1 && ids.size(0) == inputs[0].size(0), "microbatch ", microbatch, ": adapter choices ",
+             ids.sizes(), " for a batch of ", inputs[0].size(0));
+    model_.select_adapters(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
+  }
   if (is_first()) {
-    DP_CHECK(inputs.size() == 3, "microbatch ", microbatch, ": the first stage expects latents, timestep and guidance, got ",
-             inputs.size(), " tensors");
+    DP_CHECK(inputs.size() == 3 || choices, "microbatch ", microbatch,
+             ": the first stage expects latents, timestep and guidance, got ", inputs.size(), " tensors");
     const auto found = prompts_.find(microbatch);
     DP_CHECK(found != prompts_.end(), "microbatch ", microbatch, ": no prompts were sent before its first step");
     const at::Tensor latents = inputs[0].to(device);
@@ -77,12 +94,13 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
     state = {model_.embed_image(latents), found->second.text,
              model_.embed_time(inputs[1].to(device), guidance, found->second.pooled)};
   } else {
-    DP_CHECK(inputs.size() == 3, "microbatch ", microbatch, ": a stage expects image, text and temb activations, got ",
-             inputs.size(), " tensors");
+    DP_CHECK(inputs.size() == 3 || choices, "microbatch ", microbatch,
+             ": a stage expects image, text and temb activations, got ", inputs.size(), " tensors");
     state = {inputs[0].to(device), inputs[1].to(device), inputs[2].to(device)};
   }
   model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block);
   if (is_last()) return {model_.head(state)};
+  if (choices) return {state.image, state.text, state.temb, inputs[3]};
   return {state.image, state.text, state.temb};
 }
 

@@ -6,6 +6,8 @@
 //   first piece in:  [packed latents (B, N_img, C), timestep (B,) in [0, 1], guidance (B,) or undefined]
 //   between pieces:  [image (B, N_img, D), text (B, N_txt, D), temb (B, D)]
 //   last piece out:  [noise prediction (B, N_img, C)]
+// When prompts choose their own LoRA adapters (unfused), the first two also carry a last tensor, each row's
+// adapter choice (B,) int64, which every piece applies to its adapted Linears.
 #include <ATen/ATen.h>
 
 #include <map>
@@ -23,9 +25,12 @@ class FluxStage {
   // the transformer folder. last_block -1 means the model's last block.
   // `offloaded`: blocks of the range the device map puts on "cpu" or "disk"; on CUDA their weights stay in host
   // memory or in the mmapped file and are streamed in per use (models/flux/flux_offload.h).
+  // `lora`: the run's adapters; this piece reads (and first checks for non-finite values) only the factors of
+  // the modules it holds.
   FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
             at::Device device, const LatentGrid& grid, int64_t text_tokens,
-            const std::map<int64_t, models::OffloadedWeights>& offloaded = {});
+            const std::map<int64_t, models::OffloadedWeights>& offloaded = {},
+            std::shared_ptr<const models::LoraSet> lora = nullptr);
 
   bool is_first() const { return model_.parts().embedders; }
   bool is_last() const { return model_.parts().head; }

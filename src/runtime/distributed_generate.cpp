@@ -308,7 +308,7 @@ void send_embeddings(Transport& transport, const at::Tensor& rows, int32_t compo
 // On the coordinator: an encoder rank's output, every chunk's header checked against what was asked for.
 at::Tensor receive_embeddings(Transport& transport, const ComponentPlace& place, int32_t component_code,
                               std::vector<int64_t> row_shape, const pipeline::GenerateRequest& request) {
-  const auto prompts = static_cast<int64_t>(request.prompts.size());
+  const auto prompts = static_cast<int64_t>(request.encode_texts().size());  // with true CFG, negatives too
   std::vector<at::Tensor> parts;
   for (int64_t first = 0, chunk = 0; first < prompts; first += pipeline::FluxPipeline::kEncodeChunk, ++chunk) {
     const int64_t n = std::min(pipeline::FluxPipeline::kEncodeChunk, prompts - first);
@@ -353,10 +353,11 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
   if (transport_name == "nccl")
     world.agree("NCCL version (the library loaded)", nccl_version_text(false), options.transport_timeout_seconds);
   world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size, output, component map)",
-              request_digest(request, options) + (decode ? ", png" : ", latent"), options.transport_timeout_seconds);
+              request_digest(request, options) + request.extras_digest() + (decode ? ", png" : ", latent"),
+              options.transport_timeout_seconds);
   const std::string transformer_dir = flux.folder().component("transformer").path;
-  const std::string fingerprint = model_fingerprint(transformer_dir);
-  world.agree("model fingerprint (transformer config and tensor headers)", fingerprint,
+  const std::string fingerprint = model_fingerprint(transformer_dir) + adapters_fingerprint(request);
+  world.agree("model fingerprint (transformer config and tensor headers, LoRA adapters)", fingerprint,
               options.transport_timeout_seconds);
   const auto& checkpoints = options.checkpoints;
   world.agree("checkpoint to resume from", checkpoints.resume ? checkpoints.resume_path : "(none)",
@@ -387,7 +388,8 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
     const std::string phase = str("loading blocks [", mine->first_block, ", ", mine->last_block, ")");
     auto stage = pipeline::run_phase(world.rank(), phase, [&] {
       return std::make_shared<pipeline::FluxStage>(transformer_dir, mine->first_block, mine->last_block, request.dtype,
-                                                   device, grid, request.max_sequence_length, offloaded_weights(*mine));
+                                                   device, grid, request.max_sequence_length, offloaded_weights(*mine),
+                                                   request.lora);
     });
     load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     load_bytes = stage->weight_bytes();
@@ -509,8 +511,7 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
   at::Tensor latents;
   if (checkpoints.resume) {
     const auto& c = *checkpoints.resume;
-    prompts.prompt_embeds = from_raw(c.prompt_embeds, request.device);
-    prompts.pooled = from_raw(c.pooled, request.device);
+    prompts = embeddings_from_checkpoint(c, request.device);
     latents = from_raw(c.latents, request.device);
     DP_INFO("resume: ", checkpoints.resume_path, ": ", c.steps_done(), "/", c.run.steps,
             " steps done (slowest image); prompt embeddings from the checkpoint, no text encoder runs");
@@ -563,14 +564,7 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
     const pipeline::DenoiseSchedule schedule = flux.schedule(request, latents.size(1));
     RingExecutor executor(layout, transport.get(), stage, device, options.transport_timeout_seconds);
     if (decode && vae_place.rank != 0) executor.listen_to(vae_place.rank, take_images);
-    pipeline::DenoiseJob job;
-    job.latents = latents;
-    job.prompt_embeds = prompts.prompt_embeds;
-    job.pooled = prompts.pooled;
-    job.guidance = request.guidance;
-    job.guidance_embeds = schedule.guidance_embeds;
-    job.microbatch_size = options.microbatch_size;
-    job.scheduler = &schedule.scheduler;
+    pipeline::DenoiseJob job = pipeline::make_denoise_job(request, prompts, latents, schedule, options.microbatch_size);
     // Checkpoints hold every image's latents, finished ones too (a resume decodes those again).
     job.keep_final_latents = !decode || !checkpoints.dir.empty();
     if (checkpoints.resume) {
@@ -585,16 +579,7 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
     }
     io::Checkpoint base;
     if (!checkpoints.dir.empty()) {
-      base.run.prompts = request.prompts;
-      base.run.num_images_per_prompt = request.num_images_per_prompt;
-      base.run.height = request.height;
-      base.run.width = request.width;
-      base.run.steps = request.steps;
-      base.run.guidance = request.guidance;
-      base.run.seed = request.seed;
-      base.run.max_sequence_length = request.max_sequence_length;
-      base.run.dtype = io::run_dtype_name(request.dtype);
-      base.run.microbatch_size = options.microbatch_size;
+      base.run = checkpoint_run(request, options.microbatch_size);
       base.model_dir = fs::absolute(flux.folder().dir()).string();
       base.model_fingerprint = fingerprint;
       base.device_map = plan.digest + " " + plan.hf_device_map.dump();
@@ -603,8 +588,7 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
       base.sigmas = schedule.scheduler.sigmas();
       base.timesteps = schedule.scheduler.timesteps();
       // Written with every checkpoint, copied to the CPU once.
-      base.prompt_embeds = checkpoints.resume ? checkpoints.resume->prompt_embeds : to_raw(prompts.prompt_embeds);
-      base.pooled = checkpoints.resume ? checkpoints.resume->pooled : to_raw(prompts.pooled);
+      record_embeddings(base, prompts);
     }
     Checkpointer checkpointer(checkpoints, std::move(base));
     pipeline::LoopCallbacks callbacks;
@@ -696,6 +680,10 @@ GenerateOutcome run_ranks(pipeline::FluxPipeline& flux, const pipeline::Generate
 
 std::string build_id() {
   return str("diffpipe ", DIFFPIPE_VERSION, " git ", DIFFPIPE_GIT_REVISION, " built ", __DATE__, " ", __TIME__);
+}
+
+std::string adapters_fingerprint(const pipeline::GenerateRequest& request) {
+  return request.lora ? " + LoRA " + request.lora->fingerprint() : std::string();
 }
 
 std::string model_fingerprint(const std::string& transformer_dir) {

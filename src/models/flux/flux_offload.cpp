@@ -45,7 +45,8 @@ OffloadedBlocks::OffloadedBlocks(const ModuleWeights& root, const FluxConfig& co
   stats_.blocks = static_cast<int64_t>(blocks_.size());
   // pinned_host: built once on the host through the same loader as a resident block, then pinned so that a
   // use is an asynchronous DMA of the converted bytes.
-  const ModuleWeights host_root(root_.index_ptr(), root_.dtype(), at::kCPU, root_.prefix());
+  const ModuleWeights host_root =
+      ModuleWeights(root_.index_ptr(), root_.dtype(), at::kCPU, root_.prefix()).with_lora(root_.lora());
   const flux::TensorMap pin = [](const at::Tensor& t) { return t.contiguous().pin_memory(); };
   for (const auto& [block, where] : blocks_) {
     DP_CHECK(block >= 0 && block < config_.num_blocks(), "offloaded block ", block, " is outside the model's ",
