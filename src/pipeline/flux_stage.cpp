@@ -66,8 +66,11 @@ void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds,
   DP_CHECK(is_first(), "microbatch ", microbatch, ": prompts sent to a stage that does not start at block 0");
   c10::InferenceMode guard;
   const auto device = model_.device();
-  prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())),
-                          pooled.to(device, model_.dtype())};
+  if (model_.has_unfused_adapters())
+    prompts_[microbatch] = {at::Tensor(), pooled.to(device, model_.dtype()), prompt_embeds.to(device, model_.dtype())};
+  else
+    prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())), pooled.to(device, model_.dtype()),
+                            at::Tensor()};
 }
 
 void FluxStage::forget(int64_t microbatch) { prompts_.erase(microbatch); }
@@ -89,6 +92,11 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
              ": the first stage expects latents, timestep and guidance, got ", inputs.size(), " tensors");
     const auto found = prompts_.find(microbatch);
     DP_CHECK(found != prompts_.end(), "microbatch ", microbatch, ": no prompts were sent before its first step");
+    if (!found->second.text.defined()) {
+      // Embedded once, now that the rows' adapter choice is selected.
+      found->second.text = model_.embed_text(found->second.unembedded);
+      found->second.unembedded = at::Tensor();
+    }
     const at::Tensor latents = inputs[0].to(device);
     const at::Tensor guidance = inputs[2].defined() ? inputs[2].to(device) : at::Tensor();
     state = {model_.embed_image(latents), found->second.text,

@@ -54,10 +54,13 @@ class FluxStage {
   struct Prompts {
     at::Tensor text;    // context_embedder output (B, N_txt, D)
     at::Tensor pooled;  // (B, pooled_projection_dim)
+    // Unfused adapters: the prompt embeddings wait here for the first step, which says the rows' adapter choice
+    // that context_embedder's adapters need.
+    at::Tensor unembedded;
   };
   models::FluxTransformer model_;
   models::flux::RotaryTables rope_;
-  std::map<int64_t, Prompts> prompts_;
+  mutable std::map<int64_t, Prompts> prompts_;
   uint64_t weight_bytes_ = 0;
 };
 
