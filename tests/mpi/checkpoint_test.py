@@ -17,6 +17,10 @@ Cases:
                   `diffpipe inspect --checkpoint` prints it.
   embeddings      --embeddings-cache: a cold run and a warm run give latents bit-identical to a run without it,
                   and the warm run does not run CLIP or T5.
+  extras          a run with a LoRA adapter (unfused), true CFG (--negative-prompt, --true-cfg-scale) and --sigmas
+                  stopped by SIGUSR1 writes a format-2 checkpoint holding them (h5py), resumes from --resume alone
+                  (the adapter reopened from the path it records) bit-identical to the uninterrupted run, and a
+                  resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option.
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
 import argparse
@@ -307,9 +311,71 @@ def case_embeddings(binary, model, tmp, ranks, at):
         print(f"embeddings cache, {run_name}: '{must}', latents bit-identical")
 
 
+def write_tiny_lora(model, path):
+    """A kohya adapter for make-tiny's transformer (widths from its config): double-block qkv and MLP, single-block
+    linear2, with alphas."""
+    import json
+    import torch
+    from safetensors.torch import save_file
+    config = json.loads((model / "transformer" / "config.json").read_text())
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    gen = torch.Generator().manual_seed(3)
+    sd = {}
+    for name, n_in, n_out in [("double_blocks_0_img_attn_qkv", d, 3 * d), ("double_blocks_0_txt_mlp_0", d, 4 * d),
+                              ("single_blocks_0_linear2", 5 * d, d)]:
+        sd[f"lora_unet_{name}.lora_down.weight"] = torch.randn(4, n_in, generator=gen) * 0.2
+        sd[f"lora_unet_{name}.lora_up.weight"] = torch.randn(n_out, 4, generator=gen) * 0.2
+        sd[f"lora_unet_{name}.alpha"] = torch.tensor(2.0)
+    save_file(sd, str(path))
+
+
+def case_extras(binary, model, tmp, ranks, at):
+    lora = tmp / "style.safetensors"
+    write_tiny_lora(model, lora)
+    extras = ["--lora", f"style={lora}:0.8", "--lora-mode", "unfused", "--negative-prompt", "blurry, dull",
+              "--true-cfg-scale", "2", "--sigmas", "1.0,0.7,0.4,0.15"]
+    out = tmp / "extras-reference.h5"
+    code, output, _ = run(launcher(ranks) + [binary] + args_for(model, out, extras))
+    if code != 0:
+        fail(f"the uninterrupted run with LoRA, true CFG and sigmas exited {code}:\n{output}")
+    expected = latents(out)
+    plain = reference(binary, model, tmp)
+    if np.abs(expected - plain).max() < 1e-3 * np.abs(plain).max():
+        fail("LoRA, true CFG and sigmas did not change the latents")
+    k = STEP_OF[at]
+    ckdir = tmp / "ck-extras"
+    env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP=str(k))
+    command = launcher(ranks) + [binary] + args_for(model, tmp / "stopped.h5", extras + ["--checkpoint-dir", str(ckdir)])
+    code, output = run_until_held(command, env, lambda job: job.send_signal(signal.SIGUSR1), "extras stopped")
+    if code != EXIT_STOPPED:
+        fail(f"extras: exit {code}, expected {EXIT_STOPPED}:\n{output}")
+    path = ckdir / f"checkpoint-step{k:06d}.h5"
+    with h5py.File(path, "r") as f:
+        checks = [
+            (f.attrs["format_version"] == 2, "format version 2"),
+            ([p.decode() for p in f["negative_prompts"][...]] == ["blurry, dull"], "negative prompts"),
+            (f.attrs["true_cfg_scale"] == 2.0, "true_cfg_scale"),
+            (list(f["custom_sigmas"][...]) == [1.0, 0.7, 0.4, 0.15], "custom sigmas"),
+            (f["negative_prompt_embeds"].shape == f["prompt_embeds"].shape, "negative prompt embeddings"),
+            (b"style" in f.attrs["lora"] and b"unfused" in f.attrs["lora"], "the adapter record"),
+        ]
+        for ok, what in checks:
+            if not ok:
+                fail(f"extras checkpoint: {what} not as documented")
+    print(f"extras: stopped at step {k} on {ranks} rank(s); the format-2 checkpoint holds adapter, CFG and sigmas")
+    resume_and_compare(binary, model, tmp, ckdir, ranks, expected, "extras resumed from --resume alone")
+    resume = ["generate", "--model", str(model), "--output-type", "latent", "--out", str(tmp / "r.h5"),
+              "--resume", str(path)]
+    expect_refused(binary, resume + ["--true-cfg-scale", "3"], "another --true-cfg-scale",
+                   ["--true-cfg-scale: checkpoint 2"])
+    expect_refused(binary, resume + ["--sigmas", "1.0,0.6,0.3,0.1"], "other --sigmas", ["--sigmas: checkpoint"])
+    expect_refused(binary, resume + ["--lora", f"style={lora}:0.5", "--lora-mode", "unfused"],
+                   "another adapter scale", ["--lora: checkpoint"])
+
+
 CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "sigterm": case_sigterm, "killed": case_killed,
          "world-size": case_world_size, "refused": case_refused, "layout": case_layout,
-         "embeddings": case_embeddings}
+         "embeddings": case_embeddings, "extras": case_extras}
 
 
 def main():

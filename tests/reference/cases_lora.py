@@ -11,8 +11,9 @@ from_pretrained, as users load them. Tiny random LoRA files are written in each 
                   block-diagonal qkv (diffusers slices its rank), an img_in key diffusers drops, lora_te1_* keys;
   BFL             the same modules under diffusion_model.double_blocks.<i>.img_attn.qkv... (ComfyUI's spelling)
                   and text_encoders.clip_l.transformer.* keys.
-(kohya's single-block linear1 is split by diffusers with FLUX.1's hard-coded widths, 3072 and 12288, so a tiny
-model cannot load it; tests/unit/io_lora_file_test.cpp checks our split of it.)
+kohya's single-block linear1 is split by diffusers with FLUX.1's hard-coded widths (3072, 3072, 3072, 12288), so
+only a transformer of FLUX.1's width loads it: the "wide" pipeline has one single block of width 3072 (and no double
+block), for the linear1 cases (dense, and block-diagonal where diffusers also slices the rank).
 
 OUT/cases.json lists the cases; OUT/<case>/case.json holds the call (prompts, possibly with <lora:...> tags,
 the adapters with name, file and scale, negative prompts, sigmas, the initial latents' file) and the modes it
@@ -46,6 +47,11 @@ PIPELINES = {
     "schnell": dict(guidance=False, dynamic_shift=False, num_layers=2, num_single_layers=1, num_attention_heads=3,
                     attention_head_dim=8, axes_dims_rope=[2, 2, 4], latent_channels=4, vae_block_out_channels=[8],
                     vae_norm_num_groups=4),
+    # FLUX.1's width (24 heads of 128) for kohya's linear1, which diffusers splits with FLUX.1's widths: one single
+    # block and no double block keep it small (190M parameters).
+    "wide": dict(guidance=True, dynamic_shift=True, num_layers=0, num_single_layers=1, num_attention_heads=24,
+                 attention_head_dim=128, axes_dims_rope=[16, 56, 56], latent_channels=4, vae_block_out_channels=[8],
+                 vae_norm_num_groups=4),
     # 4 heads of 8, one block of each kind, 8 latent channels.
     "narrow": dict(guidance=True, dynamic_shift=True, num_layers=1, num_single_layers=1, num_attention_heads=4,
                    attention_head_dim=8, axes_dims_rope=[2, 2, 4], latent_channels=8, vae_block_out_channels=[8, 16],
@@ -83,14 +89,17 @@ def kohya_lora(transformer, clip, seed, bfl=False, rank=4):
     sizes.update({k.replace("img", "txt"): v for k, v in sizes.items()})
     sd = {}
 
-    def put(kohya_name, bfl_name, n_in, n_out, alpha=None, block_diagonal=False, r=rank):
+    def put(kohya_name, bfl_name, n_in, n_out, alpha=None, block_diagonal=False, r=rank, rows=None):
         name = f"diffusion_model.{bfl_name}" if bfl else f"lora_unet_{kohya_name}"
         down, up = factors(gen, r, n_in, n_out)
-        if block_diagonal:  # diffusers then gives q, k and v a third of the rank each
-            part = r // 3
+        if block_diagonal:  # diffusers then gives each part (q, k, v [, mlp]) its slice of the rank
+            rows = rows or [n_out // 3] * 3
+            part = r // len(rows)
             mask = torch.zeros(n_out, r)
-            for j in range(3):
-                mask[j * (n_out // 3):(j + 1) * (n_out // 3), j * part:(j + 1) * part] = 1
+            first = 0
+            for j, count in enumerate(rows):
+                mask[first:first + count, j * part:(j + 1) * part] = 1
+                first += count
             up = up * mask
         sd[f"{name}.lora_down.weight"], sd[f"{name}.lora_up.weight"] = down, up
         if alpha is not None:
@@ -103,6 +112,9 @@ def kohya_lora(transformer, clip, seed, bfl=False, rank=4):
                 alpha=[None, 2.0, 8.0, 1.0][(i + j) % 4], block_diagonal=qkv and i == 0 and kohya.startswith("img"),
                 r=6 if qkv else rank)
     for i in range(transformer.config.num_single_layers):
+        if d == 3072:  # the only width diffusers can split linear1 for
+            put(f"single_blocks_{i}_linear1", f"single_blocks.{i}.linear1", d, 3 * d + mlp, alpha=[4.0, None][bfl],
+                block_diagonal=bfl, r=8, rows=[d, d, d, mlp])
         put(f"single_blocks_{i}_linear2", f"single_blocks.{i}.linear2", d + mlp, d, alpha=3.0)
         put(f"single_blocks_{i}_modulation_lin", f"single_blocks.{i}.modulation.lin", d, 3 * d)
     # diffusers 0.42.1 converts kohya embedder keys outside "transformer." and never loads them.
@@ -170,17 +182,21 @@ def save_peft_lora(pipe, path, seed):
     transformer.delete_adapters("saved")
 
 
-def make_adapters(folder, pipe, seed):
-    """The LoRA files of one pipeline, by kind."""
+def make_adapters(folder, pipe, seed, kinds):
+    """The LoRA files of one pipeline, by kind (those of `kinds`)."""
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
-    files["peft"] = folder / "peft.safetensors"
-    save_peft_lora(pipe, files["peft"], seed)
-    for kind, sd in {"alpha": alpha_lora(pipe.transformer, pipe.text_encoder, seed + 1),
-                     "kohya": kohya_lora(pipe.transformer, pipe.text_encoder, seed + 2),
-                     "bfl": kohya_lora(pipe.transformer, pipe.text_encoder, seed + 3, bfl=True)}.items():
+    if "peft" in kinds:
+        files["peft"] = folder / "peft.safetensors"
+        save_peft_lora(pipe, files["peft"], seed)
+    makers = {"alpha": lambda: alpha_lora(pipe.transformer, pipe.text_encoder, seed + 1),
+              "kohya": lambda: kohya_lora(pipe.transformer, pipe.text_encoder, seed + 2),
+              "bfl": lambda: kohya_lora(pipe.transformer, pipe.text_encoder, seed + 3, bfl=True)}
+    for kind, make in makers.items():
+        if kind not in kinds:
+            continue
         files[kind] = folder / f"{kind}.safetensors"
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(files[kind]))
+        save_file({k: v.contiguous() for k, v in make().items()}, str(files[kind]))
     return files
 
 
@@ -200,6 +216,8 @@ CASES = {
     "sigmas_cfg_alpha": ("narrow", [("alpha", 1.3)], ["unfused"],
                          {"sigmas": [0.9, 0.5, 0.15], "negative_prompt": ["noise"], "true_cfg_scale": 3.0}),
     "latents": ("narrow", [], ["fused"], {"latents": True, "num_images_per_prompt": 2}),
+    # linear1 split into to_q, to_k, to_v and proj_mlp: kohya's dense, BFL's block-diagonal.
+    "linear1_kohya_bfl": ("wide", [("kohya", 1.3), ("bfl", 0.7)], ["fused", "unfused"], {"height": 16, "width": 16}),
     # Each prompt chooses its adapters (unfused only); diffusers runs them one by one from the same latents.
     "prompt_tags": ("dev", [("kohya", 0.7), ("alpha", 1.3)], ["unfused"],
                     {"tags": ["<lora:kohya:1.3> ", "<lora:alpha> <lora:kohya:0.5> ", "<lora:none> ", ""],
@@ -235,7 +253,8 @@ def main() -> None:
         folder = out / "pipelines" / name
         pipe = build_pipeline(folder, spec, seed=300 + 10 * i)
         pipe = FluxPipeline.from_pretrained(folder / "pipe", torch_dtype=torch.float32)
-        adapters[name] = make_adapters(folder / "adapters", pipe, seed=400 + 10 * i)
+        kinds = {kind for pipeline, chosen, _, _ in CASES.values() if pipeline == name for kind, _ in chosen}
+        adapters[name] = make_adapters(folder / "adapters", pipe, 400 + 10 * i, kinds)
     for name, (pipeline, chosen, modes, extra) in CASES.items():
         case_dir = out / name
         case_dir.mkdir(parents=True, exist_ok=True)
@@ -254,7 +273,8 @@ def main() -> None:
             with h5py.File(case_dir / "latents.h5", "w") as f:
                 f["latents"] = latents.numpy()
         # The plain call (no adapters, no true CFG, default sigmas, seeded latents): what each case must differ from.
-        plain = run_diffusers(pipe, {**CALL, "num_images_per_prompt": call["num_images_per_prompt"]}, prompts)
+        plain = run_diffusers(pipe, {**CALL, **{k: call[k] for k in ("num_images_per_prompt", "height", "width")}},
+                              prompts)
         names = []
         for kind, scale in chosen:
             pipe.load_lora_weights(str(adapters[pipeline][kind]), adapter_name=kind)
