@@ -185,8 +185,11 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
   // The transformer and the VAE work on one microbatch at a time (images are decoded as microbatches finish);
   // only the latents are held for the whole batch.
   const int64_t microbatch = std::min<int64_t>(std::max<int64_t>(microbatch_size, 1), request.batch());
-  const pipeline::MemoryRequest memory_request{microbatch, request.height, request.width,
-                                               request.max_sequence_length, request.dtype};
+  pipeline::MemoryRequest memory_request{microbatch, request.height, request.width, request.max_sequence_length,
+                                         request.dtype};
+  if (request.lora && request.lora->mode() == models::LoraMode::unfused)
+    memory_request.unfused_lora_rank = request.lora->max_rank();
+  memory_request.true_cfg = request.do_true_cfg();
   auto estimate = pipeline::estimate_generate_memory(memory_request, transformer, vae ? &*vae : nullptr);
   pipeline::MemoryRequest whole_batch = memory_request;
   whole_batch.batch = request.batch();
@@ -194,14 +197,17 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
   const auto available = pipeline::available_memory(device);
   auto bytes = [](double b) { return human_bytes(b >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(b)); };
   DP_DEBUG("generate: memory estimate ", bytes(estimate.peak_bytes()), " (latents ", bytes(estimate.latents_bytes),
-           ", transformer block ", bytes(estimate.transformer_bytes), ", VAE decode ", bytes(estimate.vae_decode_bytes),
+           ", transformer block ", bytes(estimate.transformer_bytes), ", unfused LoRA ",
+           bytes(estimate.unfused_lora_bytes), ", VAE decode ", bytes(estimate.vae_decode_bytes),
            "); available ", human_bytes(available.bytes), " (", available.source, ")");
   DP_CHECK(estimate.peak_bytes() <= static_cast<double>(available.bytes), request.width, "x", request.height, " x ",
            request.batch(), " image(s) in ", dtype,
            " needs at least ", bytes(estimate.peak_bytes()), " of memory on ", device.str(),
            " besides the weights (microbatches of ", microbatch, " image(s), ", estimate.sequence_length,
            " tokens: transformer block ",
-           bytes(estimate.transformer_bytes), ", latents ", bytes(estimate.latents_bytes),
+           bytes(estimate.transformer_bytes),
+           estimate.unfused_lora_bytes > 0 ? ", unfused LoRA path " + bytes(estimate.unfused_lora_bytes) : std::string(),
+           ", latents ", bytes(estimate.latents_bytes),
            decode ? ", VAE decode " + bytes(estimate.vae_decode_bytes) : std::string(), "), but ",
            human_bytes(available.bytes), " is available (", available.source,
            "); lower --height/--width, --microbatch-size, the number of prompts or --num-images-per-prompt");
