@@ -15,7 +15,7 @@ TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 started=$(date +%s)
 cmake -S "$here" -B "$here/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
   -DDIFFPIPE_PYTHON="$(command -v python3)" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-ninja -C "$here/build-gpu" diffpipe_cli models_flux_test models_fused_test pipeline_flux_test > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+ninja -C "$here/build-gpu" diffpipe_cli models_flux_test models_fused_test models_lora_test pipeline_flux_test > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - started )) s"
 ref="$here/build-gpu/reference"
 python3 "$here/tests/reference/generate_all.py" --out "$ref" --only flux --only pipeline > "$out/oracle.log" 2>&1 || tail -20 "$out/oracle.log"
@@ -23,6 +23,8 @@ DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here
   "$here/build-gpu/tests/unit/models_flux_test" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | tee "$out/cuda_tests.log" | grep -E "relative|OK|FAILED|PASSED" | head -40
 DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
   "$here/build-gpu/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' 2>&1 | tee "$out/cuda_pipeline_tests.log" | grep -E "relative|PSNR|OK|FAILED|PASSED" | head -20
+DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
+  "$here/build-gpu/tests/unit/models_lora_test" --gtest_filter='LoraCuda*' 2>&1 | tee "$out/cuda_lora_tests.log" | grep -E "relative|OK|FAILED|PASSED" | head -10
 DIFFPIPE_REQUIRE_CUDA=1 "$here/build-gpu/tests/unit/models_fused_test" 2>&1 | tee "$out/fused_tests.log" | grep -E "differ|OK|FAILED|PASSED" | head -60
 model=/tmp/flux-dev-random
 if [ ! -f "$model/model_index.json" ]; then

@@ -194,7 +194,7 @@ pipeline::PromptEmbeddings encode_prompts_cached(pipeline::FluxPipeline& flux, c
   io::write_embeddings_cache(cache_path, entries);
   DP_INFO("embeddings cache: ", hits, " of ", texts.size(), " text(s) found in ", cache_path,
           "; CLIP and T5 run; ", added, " entr", added == 1 ? "y" : "ies", " added");
-  return pipeline::FluxPipeline::expand_per_image(request, pooled.to(request.device), t5.to(request.device));
+  return pipeline::FluxPipeline::expand_per_image(request, pooled, t5);
 }
 
 io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size) {

@@ -82,6 +82,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="diffpipe-lora-") as tmp:
         for name in names:
             case = json.loads((reference / name / "case.json").read_text())
+            # Paths are absolute as written; a reference folder written with a relative --out resolves here.
+            case["pipeline"] = str(reference / case["pipeline"]) if not os.path.isabs(case["pipeline"]) else case["pipeline"]
             expected = load_file(str(reference / name / "expected.safetensors"))
             scale = float(np.abs(expected["latents"]).max())
             effect = float(np.abs(expected["latents"] - expected["plain"]).max()) / scale

@@ -245,7 +245,7 @@ def run_diffusers(pipe, call, prompts, latents=None):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
-    out = pathlib.Path(parser.parse_args().out)
+    out = pathlib.Path(parser.parse_args().out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     adapters = {}

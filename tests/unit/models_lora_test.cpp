@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 
 #include "core/error.h"
 #include "core/json_file.h"
@@ -179,6 +180,30 @@ TEST(Lora, AStageFindsANanInItsOwnBlocksBeforeLoadingAndOnlyThere) {
   } catch (const dp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("transformer.transformer_blocks.1.ff.net.0.proj.lora_B.weight"), std::string::npos)
         << e.what();
+  }
+}
+
+// On a GPU the unfused path leaves the fused GELU epilogue for adapted projections: both modes must still
+// compute what the CPU computes in fp32, to bf16's tolerance (the pipeline oracle's).
+TEST(LoraCuda, FusedAndUnfusedMatchTheCpuInBf16) {
+  DP_TEST_NEED_CUDA();
+  c10::InferenceMode guard;
+  const auto dir = dp::test::temp_dir("lora-cuda");
+  const std::vector<std::string> paths = {write_adapter(dir, 9), write_adapter(dir, 10)};
+  const auto reference = FluxTransformer::load(transformer_dir(), at::kFloat, at::kCPU, FluxParts::all(),
+                                               lora_set(paths, LoraMode::fused, {{0.7, 1.3}}))
+                             .forward(inputs(2));
+  for (const LoraMode mode : {LoraMode::fused, LoraMode::unfused}) {
+    FluxInputs in = inputs(2);
+    for (at::Tensor* t : {&in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections})
+      *t = t->to(at::kBFloat16);
+    const auto out = FluxTransformer::load(transformer_dir(), at::kBFloat16, at::kCUDA, FluxParts::all(),
+                                           lora_set(paths, mode, {{0.7, 1.3}}))
+                         .forward(in)
+                         .to(at::kCPU, at::kFloat);
+    const double error = relative_error(out, reference);
+    std::cout << lora_mode_name(mode) << " on CUDA, bf16: relative error " << error << " against the CPU in fp32\n";
+    EXPECT_LT(error, 1.6e-2) << lora_mode_name(mode);
   }
 }
 
