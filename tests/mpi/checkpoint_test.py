@@ -37,7 +37,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, rank_pids, run  # noqa: E402
+from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, rank_pids, run, write_tiny_lora  # noqa: E402
 
 STEPS = 4
 EXIT_STOPPED = 75
@@ -309,24 +309,6 @@ def case_embeddings(binary, model, tmp, ranks, at):
         if not np.array_equal(got, expected):
             fail(f"{run_name} cache run: latents differ from the run without a cache")
         print(f"embeddings cache, {run_name}: '{must}', latents bit-identical")
-
-
-def write_tiny_lora(model, path):
-    """A kohya adapter for make-tiny's transformer (widths from its config): double-block qkv and MLP, single-block
-    linear2, with alphas."""
-    import json
-    import torch
-    from safetensors.torch import save_file
-    config = json.loads((model / "transformer" / "config.json").read_text())
-    d = config["num_attention_heads"] * config["attention_head_dim"]
-    gen = torch.Generator().manual_seed(3)
-    sd = {}
-    for name, n_in, n_out in [("double_blocks_0_img_attn_qkv", d, 3 * d), ("double_blocks_0_txt_mlp_0", d, 4 * d),
-                              ("single_blocks_0_linear2", 5 * d, d)]:
-        sd[f"lora_unet_{name}.lora_down.weight"] = torch.randn(4, n_in, generator=gen) * 0.2
-        sd[f"lora_unet_{name}.lora_up.weight"] = torch.randn(n_out, 4, generator=gen) * 0.2
-        sd[f"lora_unet_{name}.alpha"] = torch.tensor(2.0)
-    save_file(sd, str(path))
 
 
 def case_extras(binary, model, tmp, ranks, at):
