@@ -423,7 +423,9 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       ->allow_extra_args(false);
   // Catches the words of an unquoted prompt, so that they are refused with a hint instead of becoming prompts.
   cmd->add_option("stray-words", o->stray_words)->group("");
-  cmd->add_option("--prompts-file", o->prompts_file, "file with one prompt a line (blank lines skipped)");
+  cmd->add_option("--prompts-file", o->prompts_file,
+                  "file with one prompt a line (blank lines skipped); with --lora-mode unfused a line (or a --prompt) "
+                  "may start with <lora:NAME> or <lora:NAME:SCALE> tags choosing its adapters (<lora:none>: none)");
   cmd->add_option("--num-images-per-prompt", o->num_images_per_prompt,
                   str("images per prompt; at most ", Request::kMaxImages, " images per run (prompts x this)"))
       ->capture_default_str();

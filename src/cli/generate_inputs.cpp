@@ -51,7 +51,8 @@ void add_generate_input_options(CLI::App& cmd, GenerateInputs& inputs) {
                  ".safetensors); repeat for several, each merged at its scale as diffusers' load_lora_weights + "
                  "set_adapters gives. Layouts: diffusers/PEFT (transformer.*.lora_A/lora_B, text_encoder.*, alpha), "
                  "kohya (lora_unet_double_blocks_*) and BFL (diffusion_model.double_blocks.*). Run config key "
-                 "\"lora\": a list of {\"path\", \"scale\", \"name\"}. At most 64");
+                 "\"lora\": a list of {\"path\", \"scale\", \"name\"}. At most 64")
+      ->allow_extra_args(false);
   cmd.add_option("--lora-mode", inputs.lora_mode,
                  "fused: the adapters are merged into the weights as each block loads (the step costs what it costs "
                  "without them); unfused: base weights stay, the low-rank path runs in the forward (a little "
@@ -60,7 +61,8 @@ void add_generate_input_options(CLI::App& cmd, GenerateInputs& inputs) {
       ->capture_default_str();
   cmd.add_option("--negative-prompt", inputs.negative_prompts,
                  "true classifier-free guidance as FluxPipeline's negative_prompt: one for every prompt, or repeat it "
-                 "once per prompt; used when --true-cfg-scale > 1 (each step then runs twice)");
+                 "once per prompt; used when --true-cfg-scale > 1 (each step then runs twice)")
+      ->allow_extra_args(false);
   cmd.add_option("--true-cfg-scale", inputs.true_cfg_scale,
                  "FluxPipeline's true_cfg_scale: above 1 with --negative-prompt, noise = uncond + scale * (cond - "
                  "uncond); the --guidance embedding stays as it is for both passes")
@@ -68,7 +70,8 @@ void add_generate_input_options(CLI::App& cmd, GenerateInputs& inputs) {
   cmd.add_option("--sigmas", inputs.sigmas,
                  "a custom schedule as FluxPipeline's sigmas: comma-separated noise levels in [0, 1], one per step "
                  "(the scheduler shifts them as usual; --steps defaults to their count)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd.add_option("--latents", inputs.latents,
                  "initial packed latents from an HDF5 file (dataset 'latents' (B, tokens, channels), as "
                  "--output-type latent writes it) instead of drawing them from --seed; every rank reads it");
