@@ -102,7 +102,7 @@ class LoraSet {
                                            at::ScalarType dtype, const at::Device& device) const;
   // Fused: `weight` with every adapter's delta at the default weights added (float32 sum, one rounding).
   at::Tensor merged(io::LoraComponent component, const std::string& module, const at::Tensor& weight) const;
-  // Factor bytes per adapted module in `dtype` for unfused runs, and the largest rank (memory preflight).
+  // The largest rank of any adapter (the memory preflight's unfused path).
   int64_t max_rank() const;
   // The files, names, scales, mode and choices as one digest: ranks agree on it, checkpoints store it.
   std::string fingerprint() const;

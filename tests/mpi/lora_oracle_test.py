@@ -32,7 +32,12 @@ def fail(message):
     sys.exit(1)
 
 
-def command_for(binary, case, mode, out, ranks):
+# Cases also run with CLIP and T5 on rank 1 (--pipeline-device-map balanced): text-encoder adapters applied on
+# that rank, the negative prompts encoded there and sent to rank 0.
+ON_ENCODER_RANK = {"bfl_alpha_2", "true_cfg_lora"}
+
+
+def command_for(binary, case, mode, out, ranks, encoders_on_rank_1=False):
     call = case["call"]
     command = []
     if ranks > 1:
@@ -58,6 +63,8 @@ def command_for(binary, case, mode, out, ranks):
         command += ["--lora-mode", mode]
     if case.get("latents"):
         command += ["--latents", case["latents"]]
+    if encoders_on_rank_1:
+        command += ["--pipeline-device-map", "balanced", "--max-memory", "1=1GB"]
     return command
 
 
@@ -89,13 +96,17 @@ def main():
             effect = float(np.abs(expected["latents"] - expected["plain"]).max()) / scale
             if not effect > MIN_EFFECT:
                 fail(f"{name}: the reference itself barely differs from the plain call ({effect:.3g})")
-            for mode in case["modes"]:
-                out = pathlib.Path(tmp) / f"{name}-{mode}.h5"
-                command = command_for(binary, case, mode, out, args.ranks)
+            runs = [(mode, False) for mode in case["modes"]]
+            if args.ranks > 1 and name in ON_ENCODER_RANK:
+                runs += [(mode, True) for mode in case["modes"]]
+            for mode, encoders_on_rank_1 in runs:
+                out = pathlib.Path(tmp) / f"{name}-{mode}-{encoders_on_rank_1}.h5"
+                command = command_for(binary, case, mode, out, args.ranks, encoders_on_rank_1)
+                where = ", encoders on rank 1" if encoders_on_rank_1 else ""
                 started = time.monotonic()
                 result = subprocess.run(command, capture_output=True, text=True, timeout=600)
                 if result.returncode != 0:
-                    fail(f"{name} ({mode}, {args.ranks} rank(s)) exited {result.returncode}:\n{' '.join(command)}\n"
+                    fail(f"{name} ({mode}, {args.ranks} rank(s){where}) exited {result.returncode}:\n{' '.join(command)}\n"
                          f"{result.stdout}\n{result.stderr}")
                 with h5py.File(out, "r") as f:
                     got = np.asarray(f["latents"], dtype=np.float32)
@@ -103,10 +114,10 @@ def main():
                     fail(f"{name} ({mode}): latents {got.shape}, diffusers {expected['latents'].shape}")
                 error = float(np.abs(got - expected["latents"]).max()) / scale
                 worst = max(worst, error)
-                print(f"{name:18s} {mode:8s} {args.ranks} rank(s): relative max error {error:.3g} "
+                print(f"{name:18s} {mode:8s} {args.ranks} rank(s){where}: relative max error {error:.3g} "
                       f"(the case moves the latents by {effect:.3g}) in {time.monotonic() - started:.1f} s", flush=True)
                 if not error <= TOLERANCE:
-                    fail(f"{name} ({mode}, {args.ranks} rank(s)): latents differ from diffusers by {error:.3g} of "
+                    fail(f"{name} ({mode}, {args.ranks} rank(s){where}): latents differ from diffusers by {error:.3g} of "
                          f"their scale > {TOLERANCE}\n{' '.join(command)}")
     print(f"OK: {len(names)} case(s) at {args.ranks} rank(s) equal diffusers; worst relative error {worst:.3g}")
 
