@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
@@ -24,6 +25,8 @@
 #include "core/output_policy.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
+#include "models/lora.h"
+#include "models/lora_check.h"
 #include "pipeline/latent_layout.h"
 
 namespace dp::cli {
@@ -35,6 +38,8 @@ struct ForwardOptions {
   std::string dtype = "fp32", device = "cpu", stages, inputs, save;
   int repeat = 3, warmup = 1, threads = 0;
   bool cuda_graph = false;
+  std::vector<std::string> lora;  // [NAME=]FILE[:SCALE]
+  std::string lora_mode = "fused";
   uint64_t seed = 0;
   double guidance = 3.5, timestep = 0.75;
 };
@@ -167,10 +172,37 @@ void run_forward(const ForwardOptions& o) {
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
 
   auto load_started = std::chrono::steady_clock::now();
+  std::shared_ptr<const models::LoraSet> lora;
+  if (!o.lora.empty()) {
+    // The adapters' headers, fitted to the config; their factors are read (and merged, in fused mode) as each
+    // block loads, which the load time below includes.
+    std::vector<models::LoraAdapter> adapters;
+    models::AdapterWeights weights_of_adapters;
+    for (const auto& word : o.lora) {
+      const auto spec = io::parse_lora_spec(word);
+      io::LoraFile file = io::read_lora_file(spec.path);
+      // forward runs the transformer alone: an adapter's text-encoder modules have nothing to change here.
+      file.modules.erase(std::remove_if(file.modules.begin(), file.modules.end(),
+                                        [](const io::LoraModule& m) { return m.component != io::LoraComponent::transformer; }),
+                         file.modules.end());
+      DP_CHECK(!file.modules.empty(), spec.path, ": the adapter changes no transformer module");
+      models::fit_lora_to_model(file, config, nullptr);
+      weights_of_adapters.push_back(spec.scale);
+      adapters.push_back({spec, std::move(file)});
+    }
+    lora = std::make_shared<const models::LoraSet>(std::move(adapters), models::parse_lora_mode(o.lora_mode),
+                                                   std::vector<models::AdapterWeights>{weights_of_adapters});
+  }
   std::vector<models::FluxTransformer> stages;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     models::FluxParts parts{s == 0, bounds[s], bounds[s + 1], s + 2 == bounds.size()};
-    stages.push_back(models::FluxTransformer::load(weights, config, dtype, device, parts));
+    if (lora) {
+      lora->check_finite(io::LoraComponent::transformer, [&](const io::LoraModule& m) {
+        if (m.block >= 0) return m.block >= parts.first_block && m.block < parts.last_block;
+        return models::flux_module_is_embedder(m.module) ? parts.embedders : parts.head;
+      });
+    }
+    stages.push_back(models::FluxTransformer::load(weights, config, dtype, device, parts, lora));
   }
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_started).count();
   models::FluxInputs inputs = make_inputs(o, config);
@@ -182,7 +214,9 @@ void run_forward(const ForwardOptions& o) {
   std::cerr << "transformer " << dir << ": " << config.num_layers << " double + " << config.num_single_layers
             << " single blocks, hidden " << config.inner_dim() << ", " << o.dtype << " on " << o.device << ", "
             << at::get_num_threads() << " threads; loaded in " << std::fixed << std::setprecision(1) << load_ms
-            << " ms\n";
+            << " ms" << (lora ? str(" with ", o.lora.size(), " LoRA adapter(s), ", o.lora_mode) : std::string()) << "\n";
+  std::cout << "load: " << std::fixed << std::setprecision(1) << load_ms << " ms"
+            << (lora ? str(" (LoRA ", o.lora_mode, ")") : std::string()) << "\n";
   std::cerr << "inputs: batch " << inputs.hidden_states.size(0) << ", " << inputs.hidden_states.size(1)
             << " image tokens, " << inputs.encoder_hidden_states.size(1) << " text tokens; " << stages.size()
             << " stage(s):";
@@ -263,6 +297,8 @@ CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
   cmd->add_option("--inputs", o->inputs, "read inputs from a safetensors file (input.* tensors) instead");
   cmd->add_option("--save", o->save, "write inputs and output to this safetensors file");
   cmd->add_flag("--cuda-graph", o->cuda_graph, "capture the forward in a CUDA graph and time its replays");
+  cmd->add_option("--lora", o->lora, "a LoRA adapter, [NAME=]FILE[:SCALE], as generate takes it; repeatable");
+  cmd->add_option("--lora-mode", o->lora_mode, "fused or unfused, as generate takes it")->capture_default_str();
   cmd->callback([o] { run_reporting_torch_errors([&] { run_forward(*o); }); });
 });
 

@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "cli/generate_inputs.h"
 #include "cli/generate_paths.h"
 #include "cli/torch_boundary.h"
 #include "core/atomic_file.h"
@@ -52,6 +53,7 @@ struct GenerateOptions {
   double guidance = 3.5;
   uint64_t seed = 0;
   runtime::RuntimeOptions runtime;
+  GenerateInputs inputs;  // --lora, --negative-prompt, --true-cfg-scale, --sigmas, --latents
   std::string resume;  // --resume FILE|DIR
   // The run options given on the command line (as compare_runs names them): --resume takes the others from
   // the checkpoint.
@@ -106,29 +108,22 @@ void take_options_from_checkpoint(const io::CheckpointRun& c, GenerateOptions& o
   if (!o.was_given("max-sequence-length")) o.max_sequence_length = c.max_sequence_length;
   if (!o.was_given("dtype")) o.dtype = c.dtype;
   if (!o.was_given("microbatch-size")) o.runtime.microbatch_size = c.microbatch_size;
+  take_inputs_from_checkpoint(c, o.given, o.inputs);
 }
 
 // After the size is resolved: every option given must match the checkpoint, and so must the model.
 void check_resume_matches(const io::Checkpoint& c, const std::string& path, const GenerateOptions& o,
                           const pipeline::GenerateRequest& request, const std::string& dtype,
                           const pipeline::FluxPipeline& flux) {
-  io::CheckpointRun run;
-  run.prompts = request.prompts;
-  run.num_images_per_prompt = request.num_images_per_prompt;
-  run.height = request.height;
-  run.width = request.width;
-  run.steps = request.steps;
-  run.guidance = request.guidance;
-  run.seed = request.seed;
-  run.max_sequence_length = request.max_sequence_length;
+  io::CheckpointRun run = runtime::checkpoint_run(request, o.runtime.microbatch_size);
   run.dtype = dtype;
-  run.microbatch_size = o.runtime.microbatch_size;
   std::string differences;
   for (const auto& d : io::compare_runs(c.run, run, o.given))
     differences += str("\n  --", d.field, ": checkpoint ", d.in_checkpoint, ", this run ", d.in_run);
   DP_CHECK(differences.empty(), "--resume ", path, " was written with other options (leave them out to take the "
            "checkpoint's):", differences);
-  const std::string fingerprint = runtime::model_fingerprint(flux.folder().component("transformer").path);
+  const std::string fingerprint =
+      runtime::model_fingerprint(flux.folder().component("transformer").path) + runtime::adapters_fingerprint(request);
   DP_CHECK(fingerprint == c.model_fingerprint, "--resume ", path, " was written for another model: transformer "
            "fingerprint ", c.model_fingerprint, " (", c.model_dir, "), --model ", o.model, " has ", fingerprint);
 }
@@ -209,8 +204,11 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
   // The transformer and the VAE work on one microbatch at a time (images are decoded as microbatches finish);
   // only the latents are held for the whole batch.
   const int64_t microbatch = std::min<int64_t>(std::max<int64_t>(microbatch_size, 1), request.batch());
-  const pipeline::MemoryRequest memory_request{microbatch, request.height, request.width,
-                                               request.max_sequence_length, request.dtype};
+  pipeline::MemoryRequest memory_request{microbatch, request.height, request.width, request.max_sequence_length,
+                                         request.dtype};
+  if (request.lora && request.lora->mode() == models::LoraMode::unfused)
+    memory_request.unfused_lora_rank = request.lora->max_rank();
+  memory_request.true_cfg = request.do_true_cfg();
   auto estimate = pipeline::estimate_generate_memory(memory_request, transformer, vae ? &*vae : nullptr);
   pipeline::MemoryRequest whole_batch = memory_request;
   whole_batch.batch = request.batch();
@@ -218,14 +216,17 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
   const auto available = pipeline::available_memory(device);
   auto bytes = [](double b) { return human_bytes(b >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(b)); };
   DP_DEBUG("generate: memory estimate ", bytes(estimate.peak_bytes()), " (latents ", bytes(estimate.latents_bytes),
-           ", transformer block ", bytes(estimate.transformer_bytes), ", VAE decode ", bytes(estimate.vae_decode_bytes),
+           ", transformer block ", bytes(estimate.transformer_bytes), ", unfused LoRA ",
+           bytes(estimate.unfused_lora_bytes), ", VAE decode ", bytes(estimate.vae_decode_bytes),
            "); available ", human_bytes(available.bytes), " (", available.source, ")");
   DP_CHECK(estimate.peak_bytes() <= static_cast<double>(available.bytes), request.width, "x", request.height, " x ",
            request.batch(), " image(s) in ", dtype,
            " needs at least ", bytes(estimate.peak_bytes()), " of memory on ", device.str(),
            " besides the weights (microbatches of ", microbatch, " image(s), ", estimate.sequence_length,
            " tokens: transformer block ",
-           bytes(estimate.transformer_bytes), ", latents ", bytes(estimate.latents_bytes),
+           bytes(estimate.transformer_bytes),
+           estimate.unfused_lora_bytes > 0 ? ", unfused LoRA path " + bytes(estimate.unfused_lora_bytes) : std::string(),
+           ", latents ", bytes(estimate.latents_bytes),
            decode ? ", VAE decode " + bytes(estimate.vae_decode_bytes) : std::string(), "), but ",
            human_bytes(available.bytes), " is available (", available.source,
            "); lower --height/--width, --microbatch-size, the number of prompts or --num-images-per-prompt");
@@ -318,6 +319,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   request.dtype = io::parse_run_scalar_type(dtype);
   DP_CHECK(o.output_type == "png" || o.output_type == "latent", "--output-type: expected png or latent, got '",
            o.output_type, "'");
+  for (size_t i = 0; i < o.inputs.negative_prompts.size(); ++i)
+    check_prompt_text(o.inputs.negative_prompts[i], str("negative prompt ", i + 1));
+  apply_inputs(o.inputs, o.was_given("steps"), request);
   request.validate();
   const bool decode = o.output_type == "png";
   const std::string out = output_path_for(o);
@@ -362,6 +366,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);
+  // The adapters' headers and the latents file, fitted to the configs: still before any weight is read.
+  load_inputs(o.inputs, flux, request);
+  request.validate();
   const auto grid = flux.resolve_image_size(request);
   if (checkpoints.resume) check_resume_matches(*checkpoints.resume, checkpoints.resume_path, o, request, dtype, flux);
   // --sequence-parallel K, before any weight is read: it must divide the world and the transformer's heads and
@@ -468,7 +475,9 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       ->allow_extra_args(false);
   // Catches the words of an unquoted prompt, so that they are refused with a hint instead of becoming prompts.
   cmd->add_option("stray-words", o->stray_words)->group("");
-  cmd->add_option("--prompts-file", o->prompts_file, "file with one prompt a line (blank lines skipped)");
+  cmd->add_option("--prompts-file", o->prompts_file,
+                  "file with one prompt a line (blank lines skipped); with --lora-mode unfused a line (or a --prompt) "
+                  "may start with <lora:NAME> or <lora:NAME:SCALE> tags choosing its adapters (<lora:none>: none)");
   cmd->add_option("--num-images-per-prompt", o->num_images_per_prompt,
                   str("images per prompt; at most ", Request::kMaxImages, " images per run (prompts x this)"))
       ->capture_default_str();
@@ -552,6 +561,7 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "that this request matches (same model, and the options given); several matching runs are listed "
                   "and refused. Options not given are taken from it, those given must match it (any world size and "
                   "device map)");
+  add_generate_input_options(*cmd, o->inputs);
   cmd->add_option("--embeddings-cache", o->runtime.checkpoints.embeddings_cache,
                   "HDF5 file of prompt embeddings keyed by prompt, max sequence length, dtype and the text "
                   "encoders' fingerprint: prompts found there skip CLIP and T5, new ones are added. Only a new file "
@@ -563,6 +573,7 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
              {"--seed", "seed"}, {"--max-sequence-length", "max-sequence-length"}, {"--dtype", "dtype"},
              {"--microbatch-size", "microbatch-size"}})
       if (cmd->count(flag) > 0) o->given.push_back(field);
+    for (const auto& field : given_input_options(*cmd)) o->given.push_back(field);
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
     world.run_guarded([&] {

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/format.h"
+#include "cli/inspect_lora.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "io/checkpoint_file.h"
@@ -175,16 +176,31 @@ CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
   auto model = std::make_shared<std::string>();
   auto checkpoint = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
+  auto lora = std::make_shared<LoraInspectOptions>();
   auto* model_option = cmd->add_option("--model", *model, "diffusers model folder (or one component folder)");
+  cmd->add_option("--lora", lora->path,
+                  "a LoRA adapter file: its layout (diffusers/PEFT, kohya, BFL), ranks, alphas and the diffusers modules "
+                  "it changes, as diffusers reads it (header and alphas only); with --model, fitted to that pipeline; "
+                  "with --device-map or --world-size too, what each rank would read");
+  cmd->add_option("--device-map", lora->device_map,
+                  "with --lora and --model: the transformer split whose ranks to list, as plan takes it (default: "
+                  "pipeline)");
+  cmd->add_option("--world-size", lora->world_size, "with --lora and --model: ranks of that split");
+  cmd->add_option("--max-memory", lora->max_memory, "with --lora and --model: as plan takes it");
   auto* checkpoint_option = cmd->add_option(
       "--checkpoint", *checkpoint,
       "instead of a model: a denoising checkpoint (generate --checkpoint-dir): its prompts, steps done per image, "
       "model fingerprint and options, after the checks --resume makes (exit status 1 when it would refuse it)");
   model_option->excludes(checkpoint_option);
   cmd->add_flag("--json", *as_json, "print one JSON object instead of tables");
-  cmd->callback([model, checkpoint, as_json] {
-    DP_CHECK(!model->empty() || !checkpoint->empty(), "inspect needs --model DIR or --checkpoint FILE");
-    if (!checkpoint->empty())
+  cmd->callback([model, checkpoint, as_json, lora] {
+    DP_CHECK(!model->empty() || !checkpoint->empty() || !lora->path.empty(),
+             "inspect needs --model DIR, --checkpoint FILE or --lora FILE");
+    if (!lora->path.empty()) {
+      lora->model = *model;
+      lora->json = *as_json;
+      inspect_lora(*lora);
+    } else if (!checkpoint->empty())
       inspect_checkpoint(*checkpoint, *as_json);
     else
       run_inspect(*model, *as_json);

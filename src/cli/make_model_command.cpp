@@ -27,6 +27,7 @@ struct MakeOptions {
   bool pipeline = false;  // make-random: the whole FluxPipeline, not only the transformer
   bool sparse = false;    // make-random: headers only, data left as holes
   int64_t attention_heads = 0;  // make-tiny: 0 keeps the tiny transformer's 2 heads
+  int64_t lora_rank = 0;  // make-random: write a LoRA adapter of this rank (to --out FILE) instead of a model
 };
 
 void prepare_output(const MakeOptions& o) {
@@ -146,8 +147,25 @@ CommandRegistrar random("make-random", 61, [](CLI::App& root) {
   cmd->add_flag("--sparse", o->sparse,
                 "write safetensors headers only and leave the data as holes (instant; for plan/inspect tests, "
                 "weights read as zeros)");
+  cmd->add_option("--lora-rank", o->lora_rank,
+                  "write a random LoRA adapter of this rank for every Linear of the arch's transformer to --out "
+                  "(a .safetensors file; diffusers/PEFT layout, rank 64 for FLUX.1-dev: 0.69 GB in bf16)");
   cmd->callback([o] {
     const fixtures::FluxArch arch = fixtures::parse_flux_arch(o->arch);
+    if (o->lora_rank > 0) {
+      models::FluxConfig config = models::FluxConfig::flux_dev();
+      config.guidance_embeds = arch == fixtures::FluxArch::dev;
+      fixtures::RandomWriteOptions write;
+      write.dtype = io::parse_run_dtype(o->dtype);
+      write.seed = o->seed;
+      write.sparse = o->sparse;
+      const auto started = std::chrono::steady_clock::now();
+      const uint64_t bytes = fixtures::write_random_lora(o->out, config, o->lora_rank, write);
+      std::cout << "wrote " << o->out << ": rank-" << o->lora_rank << " LoRA, " << human_bytes(bytes) << " ("
+                << o->dtype << ") in " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+                << " s\n";
+      return;
+    }
     if (o->pipeline) return make_random_pipeline(*o);
     models::FluxConfig config = models::FluxConfig::flux_dev();
     config.guidance_embeds = arch == fixtures::FluxArch::dev;

@@ -119,6 +119,26 @@ bool names_flag(const std::string& arg, const FlagSpec& spec) {
 
 }  // namespace
 
+std::string ConfigExtras::lora_object_word(const nlohmann::json& object, const std::string& where) {
+  for (const auto& [key, value] : object.items())
+    DP_CHECK(key == "path" || key == "scale" || key == "name", where, ": unknown field '", key,
+             "' (a LoRA adapter is {\"path\": FILE, \"scale\": NUMBER, \"name\": NAME}; scale and name optional)");
+  DP_CHECK(object.contains("path") && object["path"].is_string() && !object["path"].get<std::string>().empty(), where,
+           ": a LoRA adapter needs \"path\", the adapter's .safetensors file");
+  std::string word;
+  if (object.contains("name")) {
+    DP_CHECK(object["name"].is_string(), where, ": \"name\" must be a string");
+    word = object["name"].get<std::string>() + "=";
+  }
+  word += object["path"].get<std::string>();
+  if (object.contains("scale")) {
+    DP_CHECK(object["scale"].is_number() && std::isfinite(object["scale"].get<double>()), where,
+             ": \"scale\" must be a finite number");
+    word += ":" + object["scale"].dump();
+  }
+  return word;
+}
+
 std::vector<std::string> expand_run_config(const CLI::App& command, const std::vector<std::string>& args,
                                            const ConfigExtras& extras) {
   std::string path;
@@ -170,17 +190,22 @@ std::vector<std::string> expand_run_config(const CLI::App& command, const std::v
       if (value.get<bool>()) from_config.push_back(flag);
       continue;
     }
+    const auto object_word = extras.object_words.find(key);
+    const auto word_of = [&](const nlohmann::json& item, const std::string& where) -> std::optional<std::string> {
+      if (item.is_object() && object_word != extras.object_words.end()) return object_word->second(item, where);
+      return scalar_word(item, spec.kind);
+    };
     if (spec.takes_list && value.is_array()) {
       DP_CHECK(!value.empty(), path, ": key '", key, "': an empty array; leave the key out instead");
       for (size_t i = 0; i < value.size(); ++i) {
-        const auto word = scalar_word(value[i], spec.kind);
+        const auto word = word_of(value[i], str(path, ": key '", key, "' item ", i));
         DP_CHECK(word.has_value(), path, ": key '", key, "' item ", i, ": expected ", kind_phrase(spec.kind, false),
                  ", got ", json_type_phrase(value[i]));
         from_config.push_back(flag + "=" + *word);
       }
       continue;
     }
-    const auto word = scalar_word(value, spec.kind);
+    const auto word = word_of(value, str(path, ": key '", key, "'"));
     DP_CHECK(word.has_value(), path, ": key '", key, "': expected ", kind_phrase(spec.kind, spec.takes_list), ", got ",
              json_type_phrase(value));
     // --name=value, so that a value starting with a dash is never read as a flag.

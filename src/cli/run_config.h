@@ -5,6 +5,9 @@
 // it, so the command line always wins. Torch-free: it reads the command's options from CLI11, not from the
 // pipeline, so a new flag is a new key without touching this file.
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +22,11 @@ struct ConfigExtras {
   // --pipeline-device-map (the text encoders' and VAE's placement) is being added to generate on another
   // branch; the seed config names it, and must run on builds with and without it.
   std::set<std::string> flags_maybe_absent{"pipeline-device-map"};
+  // Flags whose config values (or list items) may be JSON objects, and how such an object becomes the flag's
+  // word; `where` names the file and key for errors. "lora": {"path", "scale", "name"} -> NAME=PATH:SCALE.
+  std::map<std::string, std::function<std::string(const nlohmann::json& object, const std::string& where)>> object_words{
+      {"lora", lora_object_word}};
+  static std::string lora_object_word(const nlohmann::json& object, const std::string& where);
 };
 
 // `args` are the command's arguments after its name (no program, no command name). When they hold

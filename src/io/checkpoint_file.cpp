@@ -51,6 +51,11 @@ Attributes attributes_of(const Checkpoint& c) {
     a.texts["run_id"] = c.run_id;
     a.texts["request_fingerprint"] = c.request_fingerprint;
   }
+  if (c.format_version >= 3) {
+    a.numbers["true_cfg_scale"] = c.run.true_cfg_scale;
+    a.texts["initial_latents"] = c.run.initial_latents;
+    a.texts["lora"] = c.run.lora;
+  }
   return a;
 }
 
@@ -67,7 +72,27 @@ std::string content_digest(const Checkpoint& c) {
     d.add(t->dtype + shape_text(t->shape));
     d.add(t->data, t->nbytes);
   }
+  if (c.format_version >= 3) {
+    for (const auto& p : c.run.negative_prompts) d.add(p);
+    d.add(c.run.custom_sigmas.data(), c.run.custom_sigmas.size() * sizeof(double));
+    for (const RawTensor* t : {&c.negative_prompt_embeds, &c.negative_pooled}) {
+      d.add(t->dtype + shape_text(t->shape));
+      d.add(t->data, t->nbytes);
+    }
+  }
   return d.hex();
+}
+
+void write_strings(hid_t h5, const std::string& name, const std::vector<std::string>& strings, const std::string& tmp) {
+  size_t longest = 1;
+  for (const auto& p : strings) longest = std::max(longest, p.size());
+  std::string packed(strings.size() * longest, '\0');
+  for (size_t i = 0; i < strings.size(); ++i) std::memcpy(&packed[i * longest], strings[i].data(), strings[i].size());
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), longest);
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  write_dataset(h5, name, type.get(), type.get(), {static_cast<int64_t>(strings.size())}, packed.data(), tmp);
 }
 
 }  // namespace
@@ -95,6 +120,11 @@ size_t dtype_bytes(const std::string& dtype) {
   DP_FAIL("unknown checkpoint tensor dtype '", dtype, "' (expected fp32, bf16 or fp16)");
 }
 
+bool CheckpointRun::uses_format_3() const {
+  return !negative_prompts.empty() || true_cfg_scale != 1.0 || !custom_sigmas.empty() || !initial_latents.empty() ||
+         !lora.empty();
+}
+
 int Checkpoint::steps_done() const {
   return image_steps.empty() ? 0 : *std::min_element(image_steps.begin(), image_steps.end());
 }
@@ -106,6 +136,15 @@ std::string request_fingerprint(const CheckpointRun& run) {
   d.add(str(run.num_images_per_prompt, " ", run.height, "x", run.width, " ", run.steps, " steps, guidance ",
             format_double(run.guidance), ", seed ", run.seed, ", ", run.max_sequence_length, " tokens, ", run.dtype,
             ", microbatch ", run.microbatch_size));
+  // The options of format version 3 count only when used, so version 1 and 2 files keep their fingerprints.
+  if (run.uses_format_3()) {
+    d.add(str("extras: ", run.negative_prompts.size(), " negative prompts, true cfg ", format_double(run.true_cfg_scale),
+              ", ", run.custom_sigmas.size(), " sigmas"));
+    for (const auto& p : run.negative_prompts) d.add(p);
+    for (double sigma : run.custom_sigmas) d.add(format_double(sigma));
+    d.add(run.initial_latents);
+    d.add(run.lora);
+  }
   return d.hex();
 }
 
@@ -123,10 +162,16 @@ bool is_run_id(const std::string& id) {
 
 void write_checkpoint(const std::string& path, const Checkpoint& given) {
   hdf5::silence_errors();
-  // Version 1 (no run id) is written only by tests of the reader's compatibility.
-  DP_CHECK(given.format_version < 2 || is_run_id(given.run_id), path,
-           ": a checkpoint needs a run id (16 hex digits), got '", given.run_id, "'");
   Checkpoint c = given;  // shares the tensors' bytes
+  // Version 2 (run identity) unless the run uses version 3's options, so that such runs stay readable by older
+  // builds. Version 1 is written only by tests of the reader's compatibility; a version above this build's is
+  // kept as asked (tests stand in for a newer writer with it).
+  if (c.format_version >= 2 && c.format_version <= kCheckpointFormatVersion)
+    c.format_version = c.run.uses_format_3() ? 3 : 2;
+  DP_CHECK(c.format_version < 2 || is_run_id(c.run_id), path,
+           ": a checkpoint needs a run id (16 hex digits), got '", c.run_id, "'");
+  DP_CHECK(c.format_version >= 3 || !c.run.uses_format_3(), path, ": format version ", c.format_version,
+           " cannot hold negative prompts, custom sigmas, initial latents or LoRA adapters");
   c.request_fingerprint = request_fingerprint(c.run);
   const int64_t images = static_cast<int64_t>(c.image_steps.size());
   DP_CHECK(images >= 1 && c.latents.shape.size() == 3 && c.latents.shape[0] == images, path,
@@ -143,21 +188,17 @@ void write_checkpoint(const std::string& path, const Checkpoint& given) {
                   c.sigmas.data(), tmp);
     write_dataset(h5.get(), "timesteps", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
                   {static_cast<int64_t>(c.timesteps.size())}, c.timesteps.data(), tmp);
-    {
-      size_t longest = 1;
-      for (const auto& p : c.run.prompts) longest = std::max(longest, p.size());
-      std::string packed(c.run.prompts.size() * longest, '\0');
-      for (size_t i = 0; i < c.run.prompts.size(); ++i)
-        std::memcpy(&packed[i * longest], c.run.prompts[i].data(), c.run.prompts[i].size());
-      Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-      H5Tset_size(type.get(), longest);
-      H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-      H5Tset_cset(type.get(), H5T_CSET_UTF8);
-      write_dataset(h5.get(), "prompts", type.get(), type.get(), {static_cast<int64_t>(c.run.prompts.size())},
-                    packed.data(), tmp);
-    }
+    write_strings(h5.get(), "prompts", c.run.prompts, tmp);
     write_tensor(h5.get(), "prompt_embeds", c.prompt_embeds, tmp);
     write_tensor(h5.get(), "pooled_prompt_embeds", c.pooled, tmp);
+    if (!c.run.negative_prompts.empty()) write_strings(h5.get(), "negative_prompts", c.run.negative_prompts, tmp);
+    if (c.negative_prompt_embeds.nbytes > 0) {
+      write_tensor(h5.get(), "negative_prompt_embeds", c.negative_prompt_embeds, tmp);
+      write_tensor(h5.get(), "negative_pooled_prompt_embeds", c.negative_pooled, tmp);
+    }
+    if (!c.run.custom_sigmas.empty())
+      write_dataset(h5.get(), "custom_sigmas", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                    {static_cast<int64_t>(c.run.custom_sigmas.size())}, c.run.custom_sigmas.data(), tmp);
     const Attributes a = attributes_of(c);
     for (const auto& [name, value] : a.numbers) write_number(h5.get(), name, value, tmp);
     for (const auto& [name, value] : a.texts) write_text(h5.get(), name, value, tmp);
@@ -262,6 +303,31 @@ Checkpoint read_checkpoint(const std::string& path) {
   DP_CHECK(c.prompt_embeds.shape[1] == c.run.max_sequence_length, path, ": 'prompt_embeds' ",
            shape_text(c.prompt_embeds.shape), " does not have max_sequence_length ", c.run.max_sequence_length,
            " tokens");
+  if (c.format_version >= 3) {
+    c.run.true_cfg_scale = r.number("true_cfg_scale");
+    c.run.initial_latents = r.text("initial_latents");
+    c.run.lora = r.text("lora");
+    if (r.has("negative_prompts")) {
+      c.run.negative_prompts = r.strings("negative_prompts");
+      DP_CHECK(c.run.negative_prompts.size() == 1 || static_cast<int64_t>(c.run.negative_prompts.size()) == prompts, path,
+               ": ", c.run.negative_prompts.size(), " negative prompts for ", prompts, " prompts");
+    }
+    if (r.has("negative_prompt_embeds")) {
+      c.negative_prompt_embeds = r.tensor("negative_prompt_embeds", 3);
+      c.negative_pooled = r.tensor("negative_pooled_prompt_embeds", 2);
+      DP_CHECK(c.negative_prompt_embeds.shape == c.prompt_embeds.shape && c.negative_pooled.shape == c.pooled.shape &&
+                   c.negative_prompt_embeds.dtype == c.run.dtype && c.negative_pooled.dtype == c.run.dtype,
+               path, ": the negative prompt embeddings ", shape_text(c.negative_prompt_embeds.shape), " and ",
+               shape_text(c.negative_pooled.shape), " do not match the prompts' ", shape_text(c.prompt_embeds.shape),
+               " and ", shape_text(c.pooled.shape), " in ", c.run.dtype);
+    }
+    DP_CHECK(c.run.negative_prompts.empty() == (c.negative_prompt_embeds.nbytes == 0), path,
+             ": negative prompts and their embeddings must be stored together");
+    if (r.has("custom_sigmas")) {
+      c.run.custom_sigmas = as_vector<double>(r.read("custom_sigmas", 1, H5T_FLOAT, 8, H5T_NATIVE_DOUBLE, shape));
+      DP_CHECK(shape[0] == c.run.steps, path, ": 'custom_sigmas' has ", shape[0], " values for ", c.run.steps, " steps");
+    }
+  }
   const std::string stored_digest = r.text("content_digest");
   const std::string actual_digest = content_digest(c);
   DP_CHECK(stored_digest == actual_digest, path, ": content digest mismatch (stored ", stored_digest, ", contents give ",
@@ -302,6 +368,16 @@ std::vector<RunComparison> compare_runs(const CheckpointRun& checkpoint, const C
           std::to_string(run.max_sequence_length));
   compare("dtype", checkpoint.dtype, run.dtype);
   compare("microbatch-size", std::to_string(checkpoint.microbatch_size), std::to_string(run.microbatch_size));
+  compare("negative-prompt", prompts_text(checkpoint.negative_prompts), prompts_text(run.negative_prompts));
+  compare("true-cfg-scale", format_double(checkpoint.true_cfg_scale), format_double(run.true_cfg_scale));
+  const auto sigmas_text = [](const std::vector<double>& sigmas) {
+    std::string text;
+    for (double s : sigmas) text += (text.empty() ? "" : ",") + format_double(s);
+    return text.empty() ? std::string("(default)") : text;
+  };
+  compare("sigmas", sigmas_text(checkpoint.custom_sigmas), sigmas_text(run.custom_sigmas));
+  compare("latents", checkpoint.initial_latents, run.initial_latents);
+  compare("lora", checkpoint.lora, run.lora);
   return out;
 }
 

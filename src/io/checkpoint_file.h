@@ -4,7 +4,7 @@
 // preempted job resumes exactly where it stopped. Torch-free: tensors travel as raw bytes with a dtype name,
 // so `diffpipe inspect --checkpoint` and the fuzz targets read checkpoints without LibTorch.
 //
-// Layout (format version 2; README.md "Checkpoints" documents it for h5py/h5dump users):
+// Layout (format version 3; README.md "Checkpoints" documents it for h5py/h5dump users):
 //   /latents               (B, seq, C)   packed latents in the run dtype (fp32: float32; bf16/fp16: their bits
 //                                        as uint16, dataset attribute `dtype` says which)
 //   /image_steps           (B,) int32    denoising steps done per image (microbatches are not all at one step)
@@ -17,10 +17,16 @@
 //                          max_sequence_length, microbatch_size, model, model_fingerprint, device_map,
 //                          world_size, written_by, run_id, request_fingerprint, content_digest
 // A checkpoint belongs to a run: `run_id` (16 hex digits, drawn when a run starts and kept by the runs that
-// resume it) and `request_fingerprint` (the options above that fix the result) with `model_fingerprint` say
-// whose it is, so that a folder shared by several runs is rotated and resumed per run (io/checkpoint_dir.h).
+// resume it) and `request_fingerprint` (the options that fix the result) with `model_fingerprint` say whose it
+// is, so that a folder shared by several runs is rotated and resumed per run (io/checkpoint_dir.h).
 // Version 1 files (before run identities) are still read: they have no run_id, and their request fingerprint
 // is computed from their attributes.
+// Format version 3 adds, and is written only by runs that use them (others write version 2):
+//   /negative_prompts      (N,) strings, N = 1 or P: true CFG's negative prompts as given
+//   /negative_prompt_embeds, /negative_pooled_prompt_embeds: their T5 and CLIP outputs per image, as above
+//   /custom_sigmas         (steps,) float64: --sigmas as given (before the scheduler's shift)
+//   root attributes        true_cfg_scale; initial_latents (--latents: the file and a digest of its values);
+//                          lora (JSON: mode, adapters with name, path and scale, and their fingerprint)
 // `content_digest` hashes every dataset's bytes and the attributes above it: a file that HDF5 opens but whose
 // contents were torn or flipped is refused.
 //
@@ -34,7 +40,8 @@
 
 namespace dp::io {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+// The newest format this build reads and writes (a run writes the oldest version that holds what it uses).
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char* kCheckpointFormatName = "diffpipe-checkpoint";
 
 // A tensor as bytes: dtype "fp32", "bf16" or "fp16", row-major. `data` stays valid while `owner` lives (or
@@ -62,9 +69,17 @@ struct CheckpointRun {
   int max_sequence_length = 0;
   std::string dtype;  // canonical run dtype name
   int64_t microbatch_size = 1;
+  // Format version 3.
+  std::vector<std::string> negative_prompts;  // true CFG's negative prompts as given (one, or one per prompt)
+  double true_cfg_scale = 1.0;
+  std::vector<double> custom_sigmas;  // --sigmas; empty: FluxPipeline's default schedule
+  std::string initial_latents;        // --latents: file and value digest; empty: drawn from the seed
+  std::string lora;                   // the adapters (JSON); empty: none
+  bool uses_format_3() const;
 };
 
-// What identifies a request's result: every option of CheckpointRun, hashed (16 hex digits).
+// What identifies a request's result: every option of CheckpointRun, hashed (16 hex digits); version 3's
+// options only when used.
 std::string request_fingerprint(const CheckpointRun& run);
 
 // A fresh run id: 16 hex digits from the system's random source.
@@ -85,6 +100,7 @@ struct Checkpoint {
   std::vector<int32_t> image_steps;  // per image, 0..steps
   std::vector<float> sigmas, timesteps;
   RawTensor latents, prompt_embeds, pooled;
+  RawTensor negative_prompt_embeds, negative_pooled;  // true CFG only (format version 3)
 
   int steps_done() const;  // the slowest image's steps
   bool finished() const { return steps_done() == run.steps; }

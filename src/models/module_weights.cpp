@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "io/torch_tensors.h"
+#include "models/lora.h"
 
 namespace dp::models {
 
@@ -27,7 +28,26 @@ Linear Linear::load(const ModuleWeights& w, const std::string& name, int64_t in,
   Linear layer;
   layer.weight = scope.get_shaped("weight", {out, in});
   if (with_bias) layer.bias = scope.get_shaped("bias", {out});
+  if (w.lora()) w.lora()->apply(scope.prefix(), layer);
   return layer;
 }
+
+Linear Linear::concat(const std::vector<Linear>& parts) {
+  std::vector<at::Tensor> weights, biases;
+  std::vector<const Linear*> pointers;
+  for (const auto& p : parts) {
+    weights.push_back(p.weight);
+    biases.push_back(p.bias);
+    pointers.push_back(&p);
+  }
+  return {at::cat(weights, 0), at::cat(biases, 0), LowRankAdapters::concat(pointers)};
+}
+
+Linear Linear::map(const std::function<at::Tensor(const at::Tensor&)>& f) const {
+  const auto mapped = [&](const at::Tensor& t) { return t.defined() ? f(t) : t; };
+  return {mapped(weight), mapped(bias), adapters ? adapters->map(f) : nullptr};
+}
+
+void Linear::add_adapters(at::Tensor& y, const at::Tensor& x) const { adapters->add_to(y, x); }
 
 }  // namespace dp::models

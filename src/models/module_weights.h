@@ -3,12 +3,17 @@
 // the lookup key is exactly the checkpoint key ("transformer_blocks.7.attn.to_q.weight").
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/weight_index.h"
 
 namespace dp::models {
+
+class LowRankAdapters;  // models/lora.h
+struct LoraBinding;
 
 class ModuleWeights {
  public:
@@ -17,8 +22,15 @@ class ModuleWeights {
       : index_(std::move(index)), dtype_(dtype), device_(device), prefix_(std::move(prefix)) {}
 
   ModuleWeights child(const std::string& name) const {
-    return ModuleWeights(index_, dtype_, device_, key(name));
+    return ModuleWeights(index_, dtype_, device_, key(name)).with_lora(lora_);
   }
+  // The same scope whose Linears get `lora`'s adapters when they load (null: none).
+  ModuleWeights with_lora(std::shared_ptr<const LoraBinding> lora) const {
+    ModuleWeights out = *this;
+    out.lora_ = std::move(lora);
+    return out;
+  }
+  const std::shared_ptr<const LoraBinding>& lora() const { return lora_; }
   std::string key(const std::string& name) const { return prefix_.empty() ? name : prefix_ + "." + name; }
   bool has(const std::string& name) const { return index_->contains(key(name)); }
   // The tensor converted to the run dtype on the run device; throws naming the folder and full key.
@@ -40,15 +52,30 @@ class ModuleWeights {
   at::ScalarType dtype_;
   at::Device device_;
   std::string prefix_;
+  std::shared_ptr<const LoraBinding> lora_;
 };
 
-// y = x W^T + b, the nn.Linear convention; `bias` may be undefined.
+// y = x W^T + b, the nn.Linear convention; `bias` may be undefined. With unfused LoRA adapters (models/lora.h)
+// their low-rank outputs are added to y.
 struct Linear {
   at::Tensor weight;
   at::Tensor bias;
+  std::shared_ptr<const LowRankAdapters> adapters;
+  // Loads `name`'s weight and bias, with the scope's LoRA adapters merged in or attached.
   static Linear load(const ModuleWeights& w, const std::string& name, int64_t in, int64_t out, bool with_bias = true);
-  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+  // Rows stacked in order (q, k and v as one GEMM), adapters included.
+  static Linear concat(const std::vector<Linear>& parts);
+  at::Tensor operator()(const at::Tensor& x) const {
+    at::Tensor y = at::linear(x, weight, bias);
+    if (adapters) add_adapters(y, x);
+    return y;
+  }
+  // Every tensor (adapters' too) passed through `f`; undefined tensors stay undefined.
+  Linear map(const std::function<at::Tensor(const at::Tensor&)>& f) const;
   bool defined() const { return weight.defined(); }
+
+ private:
+  void add_adapters(at::Tensor& y, const at::Tensor& x) const;
 };
 
 }  // namespace dp::models

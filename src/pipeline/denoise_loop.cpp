@@ -33,6 +33,8 @@ struct Microbatch {
   at::Tensor latents;
   int next_step = 0;
   int64_t rows = 0;  // kept apart from latents, which a finished microbatch may drop
+  // True CFG: the noise predictions of this step's passes that are back (cond, uncond).
+  at::Tensor pass_results[2];
 };
 
 }  // namespace
@@ -57,16 +59,28 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
       DP_CHECK(start_step(r) == first, "resume: images ", row, " and ", r, " of one microbatch (--microbatch-size ",
                job.microbatch_size, ") are at steps ", first, " and ", start_step(r),
                "; resume with the microbatch size the checkpoint was written with");
-    microbatches.push_back({row, job.latents.narrow(0, row, rows), first, rows});
+    microbatches.push_back({row, job.latents.narrow(0, row, rows), first, rows, {}});
   }
+  const bool cfg = job.true_cfg_scale > 1;
+  DP_CHECK(!cfg || (job.negative_prompt_embeds.defined() && job.negative_pooled.defined() &&
+                    job.negative_prompt_embeds.size(0) == batch && job.negative_pooled.size(0) == batch),
+           "true CFG needs negative prompt embeddings for each of the ", batch, " images");
+  DP_CHECK(!job.adapter_choices.defined() || job.adapter_choices.size(0) == batch, "adapter choices for ",
+           job.adapter_choices.defined() ? job.adapter_choices.size(0) : 0, " images, the batch has ", batch);
+  // Executor microbatch ids: with true CFG, pass 0 (the prompts) of microbatch i is 2i and pass 1 (the negative
+  // prompts) 2i + 1.
+  const int passes = cfg ? 2 : 1;
   const auto step_inputs = [&](const Microbatch& m) {
     const int64_t rows = m.latents.size(0);
     const float t = job.scheduler->timesteps()[static_cast<size_t>(m.next_step)];
     // FluxPipeline passes t cast to the latent dtype, divided by 1000 in that dtype.
     at::Tensor timestep = at::full({rows}, t, options) / 1000;
     at::Tensor guidance;
+    // Both passes of true CFG take the same guidance embedding, as FluxPipeline's two transformer calls do.
     if (job.guidance_embeds) guidance = at::full({rows}, job.guidance, options.dtype(at::kFloat));
-    return std::vector<at::Tensor>{m.latents, timestep, guidance};
+    std::vector<at::Tensor> inputs{m.latents, timestep, guidance};
+    if (job.adapter_choices.defined()) inputs.push_back(job.adapter_choices.narrow(0, m.first_row, rows));
+    return inputs;
   };
 
   // A window of `depth` microbatches circulates: each has one step in flight at a time, and a microbatch's next
@@ -87,11 +101,11 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
     if (callbacks.on_microbatch_done) callbacks.on_microbatch_done(m.first_row, m.latents);
     if (!job.keep_final_latents) m.latents = at::Tensor();
   };
-  std::deque<int64_t> ready;
+  std::deque<int64_t> ready;  // executor microbatch ids (passes) whose next step can be submitted
   int64_t next_to_enter = 0;
   int active = 0;
   const auto admit = [&] {
-    while (active < depth && next_to_enter < count) {
+    while ((active * passes < depth || active == 0) && next_to_enter < count) {
       const int64_t i = next_to_enter++;
       auto& m = microbatches[static_cast<size_t>(i)];
       if (m.next_step >= steps) {
@@ -99,9 +113,15 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
         finish(m);
         continue;
       }
-      executor.send_prompts(i, job.prompt_embeds.narrow(0, m.first_row, m.latents.size(0)),
-                            job.pooled.narrow(0, m.first_row, m.latents.size(0)));
-      ready.push_back(i);
+      const int64_t rows = m.latents.size(0);
+      executor.send_prompts(i * passes, job.prompt_embeds.narrow(0, m.first_row, rows),
+                            job.pooled.narrow(0, m.first_row, rows));
+      ready.push_back(i * passes);
+      if (cfg) {
+        executor.send_prompts(i * passes + 1, job.negative_prompt_embeds.narrow(0, m.first_row, rows),
+                              job.negative_pooled.narrow(0, m.first_row, rows));
+        ready.push_back(i * passes + 1);
+      }
       ++active;
     }
   };
@@ -138,26 +158,37 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
     while (!ready.empty() && in_flight < depth) {
       const int64_t id = ready.front();
       ready.pop_front();
-      auto& m = microbatches[static_cast<size_t>(id)];
+      auto& m = microbatches[static_cast<size_t>(id / passes)];
       executor.submit(id, m.next_step, step_inputs(m));
       ++in_flight;
     }
     StepResult result = executor.wait_result();
     --in_flight;
-    DP_CHECK(result.microbatch >= 0 && result.microbatch < next_to_enter,
+    const int64_t index = result.microbatch / passes;
+    const int pass = static_cast<int>(result.microbatch % passes);
+    DP_CHECK(result.microbatch >= 0 && index < next_to_enter,
              "a result came back for microbatch ", result.microbatch, ", which is not in flight");
-    auto& m = microbatches[static_cast<size_t>(result.microbatch)];
-    DP_CHECK(m.latents.defined() && result.step == m.next_step, "microbatch ", result.microbatch, ": result of step ",
-             result.step, " while step ", m.next_step, " was in flight");
-    m.latents = job.scheduler->step(result.noise_pred.to(m.latents.device()), m.next_step, m.latents);
-    if (callbacks.check_step) callbacks.check_step(result.microbatch, m.next_step, m.latents);
+    auto& m = microbatches[static_cast<size_t>(index)];
+    DP_CHECK(m.latents.defined() && result.step == m.next_step && !m.pass_results[pass].defined(), "microbatch ",
+             result.microbatch, ": result of step ", result.step, " while step ", m.next_step, " was in flight");
+    at::Tensor noise_pred = result.noise_pred.to(m.latents.device());
+    if (cfg) {
+      m.pass_results[pass] = noise_pred;
+      if (!m.pass_results[1 - pass].defined()) continue;  // the Euler step waits for the other pass
+      const at::Tensor cond = std::move(m.pass_results[0]), uncond = std::move(m.pass_results[1]);
+      m.pass_results[0] = m.pass_results[1] = at::Tensor();
+      // FluxPipeline: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred), in the run dtype.
+      noise_pred = uncond + job.true_cfg_scale * (cond - uncond);
+    }
+    m.latents = job.scheduler->step(noise_pred, m.next_step, m.latents);
+    if (callbacks.check_step) callbacks.check_step(index, m.next_step, m.latents);
     ++m.next_step;
-    finished_steps[static_cast<size_t>(result.microbatch)] = m.next_step;
+    finished_steps[static_cast<size_t>(index)] = m.next_step;
     row_steps_done += m.latents.size(0);
     if (m.next_step < steps) {
-      ready.push_back(result.microbatch);
+      for (int p = 0; p < passes; ++p) ready.push_back(index * passes + p);
     } else {
-      executor.release(result.microbatch);
+      for (int p = 0; p < passes; ++p) executor.release(index * passes + p);
       --active;
       finish(m);
       admit();

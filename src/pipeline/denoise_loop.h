@@ -67,6 +67,16 @@ struct DenoiseJob {
   // hundreds of images holds only the microbatches in flight.
   bool keep_final_latents = true;
   const schedulers::FlowMatchEulerScheduler* scheduler = nullptr;  // timesteps set
+  // True classifier-free guidance (FluxPipeline's true_cfg_scale > 1 with a negative prompt): every step of a
+  // microbatch also runs its negative prompt's embeddings (one row per image, like prompt_embeds), as a pass of
+  // its own through the executor, and the Euler step waits for both: noise = uncond + scale * (cond - uncond).
+  // Off when true_cfg_scale <= 1.
+  at::Tensor negative_prompt_embeds;
+  at::Tensor negative_pooled;
+  double true_cfg_scale = 1.0;
+  // (B,) int64 adapter choice per image (unfused LoRA with prompts that choose); appended to every pass's
+  // inputs. Undefined: every image uses the default adapters.
+  at::Tensor adapter_choices;
   // Where each image starts (a resumed checkpoint): steps already done per image, empty for all 0. The images
   // of one microbatch must be at the same step; a microbatch already at the last step is not run again.
   std::vector<int32_t> start_steps;
@@ -106,6 +116,9 @@ struct LoopState {
 // tensor when job.keep_final_latents is off. Microbatches enter a window of executor.max_in_flight() at a time,
 // in order: enough to keep every stage busy, and each leaves (and is handed to on_microbatch_done) as soon as
 // its last step is back, so microbatches finish one after another rather than all in the last round.
+// With true CFG each microbatch i is two executor microbatches, 2i (its prompts) and 2i + 1 (its negative
+// prompts), submitted as separate passes: a window of max_in_flight() passes holds half as many microbatches,
+// so a two-stage ring has both stages busy with a single image.
 at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, const LoopCallbacks& callbacks);
 
 }  // namespace dp::pipeline

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <utility>
 
 #include "core/error.h"
@@ -59,6 +61,106 @@ void GenerateRequest::validate() const {
   DP_CHECK(width >= 0, "--width must be positive (or left out for the model's default), got ", width);
   DP_CHECK(height <= kMaxImageSide && width <= kMaxImageSide, "--height and --width must be at most ", kMaxImageSide,
            " pixels, got ", height, "x", width);
+  DP_CHECK(std::isfinite(true_cfg_scale), "--true-cfg-scale must be a finite number, got ", true_cfg_scale);
+  DP_CHECK(negative_prompts.empty() || negative_prompts.size() == 1 || negative_prompts.size() == prompts.size(),
+           negative_prompts.size(), " negative prompts for ", prompts.size(),
+           " prompts: give one --negative-prompt for all of them, or one per prompt");
+  if (!sigmas.empty()) {
+    // FluxPipeline runs len(sigmas) steps; a sigma is a noise level, where NaN or a value outside [0, 1] gives
+    // NaN or meaningless latents rather than an error in diffusers.
+    DP_CHECK(static_cast<int>(sigmas.size()) == steps, "--sigmas gives ", sigmas.size(), " values but --steps is ",
+             steps, " (FluxPipeline runs one step per sigma; leave --steps out)");
+    for (size_t i = 0; i < sigmas.size(); ++i)
+      DP_CHECK(std::isfinite(sigmas[i]) && sigmas[i] >= 0 && sigmas[i] <= 1, "--sigmas value ", i + 1, " is ",
+               sigmas[i], "; each sigma must be a noise level in [0, 1]");
+  }
+  if (latents.defined()) {
+    DP_CHECK(latents.dim() == 3 && latents.size(0) == batch() && at::isFloatingType(latents.scalar_type()),
+             latents_source, ": initial latents must be packed (batch, tokens, channels) with batch ", batch(),
+             " (prompts x images per prompt), got ", latents.sizes(), " ", latents.scalar_type());
+    DP_CHECK(at::isfinite(latents).all().item<bool>(), latents_source, ": the initial latents hold NaN or infinity");
+  }
+  DP_CHECK(prompt_texts.empty() || prompt_texts.size() == prompts.size(), "prompt texts for ", prompt_texts.size(),
+           " of ", prompts.size(), " prompts");
+  DP_CHECK(prompt_adapters.empty() || prompt_adapters.size() == prompts.size(), "adapter choices for ",
+           prompt_adapters.size(), " of ", prompts.size(), " prompts");
+}
+
+const std::string& GenerateRequest::prompt_text(size_t prompt) const {
+  return prompt_texts.empty() ? prompts.at(prompt) : prompt_texts.at(prompt);
+}
+
+int64_t GenerateRequest::prompt_adapter_choice(size_t prompt) const {
+  return prompt_adapters.empty() ? 0 : prompt_adapters.at(prompt);
+}
+
+std::vector<GenerateRequest::EncodeText> GenerateRequest::encode_texts() const {
+  std::vector<EncodeText> texts;
+  for (size_t p = 0; p < prompts.size(); ++p) texts.push_back({prompt_text(p), prompt_adapter_choice(p)});
+  if (!do_true_cfg()) return texts;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const EncodeText negative{negative_prompts.size() == 1 ? negative_prompts[0] : negative_prompts.at(p),
+                              prompt_adapter_choice(p)};
+    const auto same = [&](const EncodeText& t) { return t.text == negative.text && t.adapters == negative.adapters; };
+    if (std::find_if(texts.begin() + static_cast<int64_t>(prompts.size()), texts.end(), same) == texts.end())
+      texts.push_back(negative);
+  }
+  return texts;
+}
+
+size_t GenerateRequest::negative_row(size_t prompt) const {
+  const auto texts = encode_texts();
+  const std::string& text = negative_prompts.size() == 1 ? negative_prompts[0] : negative_prompts.at(prompt);
+  for (size_t row = prompts.size(); row < texts.size(); ++row)
+    if (texts[row].text == text && texts[row].adapters == prompt_adapter_choice(prompt)) return row;
+  DP_FAIL("prompt ", prompt, " has no negative prompt row (true CFG is ", do_true_cfg() ? "on" : "off", ")");
+}
+
+std::string GenerateRequest::extras_digest() const {
+  std::string text;
+  if (do_true_cfg()) {
+    text += str(", true CFG ", true_cfg_scale, " with ", negative_prompts.size(), " negative prompt(s):");
+    for (const auto& n : negative_prompts) text += " \"" + n.substr(0, 40) + "\" (" + std::to_string(n.size()) + " bytes)";
+  }
+  if (!sigmas.empty()) {
+    text += ", sigmas";
+    for (double s : sigmas) text += str(" ", s);
+  }
+  if (latents.defined() || !latents_source.empty()) text += ", latents " + latents_source;
+  if (lora) {
+    text += ", LoRA " + lora->fingerprint() + " choices";
+    for (int64_t c : prompt_adapters) text += " " + std::to_string(c);
+  }
+  return text;
+}
+
+DenoiseJob make_denoise_job(const GenerateRequest& request, const PromptEmbeddings& prompts, const at::Tensor& latents,
+                            const DenoiseSchedule& schedule, int64_t microbatch_size) {
+  DenoiseJob job;
+  job.latents = latents;
+  job.prompt_embeds = prompts.prompt_embeds;
+  job.pooled = prompts.pooled;
+  job.guidance = request.guidance;
+  job.guidance_embeds = schedule.guidance_embeds;
+  job.microbatch_size = microbatch_size;
+  job.scheduler = &schedule.scheduler;
+  if (request.do_true_cfg()) {
+    DP_CHECK(prompts.negative_prompt_embeds.defined() && prompts.negative_pooled.defined(),
+             "true CFG needs the negative prompt's embeddings");
+    job.negative_prompt_embeds = prompts.negative_prompt_embeds;
+    job.negative_pooled = prompts.negative_pooled;
+    job.true_cfg_scale = request.true_cfg_scale;
+  }
+  // Each image's adapter choice travels with its microbatch only when the prompts choose differently.
+  const bool choices = std::any_of(request.prompt_adapters.begin(), request.prompt_adapters.end(),
+                                   [](int64_t c) { return c != 0; });
+  if (choices) {
+    std::vector<int64_t> per_image;
+    for (size_t p = 0; p < request.prompts.size(); ++p)
+      for (int n = 0; n < request.num_images_per_prompt; ++n) per_image.push_back(request.prompt_adapter_choice(p));
+    job.adapter_choices = at::tensor(per_image, at::TensorOptions().dtype(at::kLong)).to(latents.device());
+  }
+  return job;
 }
 
 FluxPipeline::FluxPipeline(io::ModelFolder folder) : folder_(std::move(folder)) {}
@@ -110,17 +212,26 @@ at::Tensor encode_in_chunks(const std::vector<std::vector<int64_t>>& rows, const
 at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, const at::Device& device,
                                             StageTimer& timer) {
   c10::InferenceMode guard;
+  const auto texts = request.encode_texts();
   const auto rows = timer.timed("CLIP tokenizer", [&] {
     const auto tokenizer = tokenizers::ClipTokenizer::from_folder(folder_.component("tokenizer").path);
     std::vector<std::vector<int64_t>> ids;
-    for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt));
+    for (const auto& text : texts) ids.push_back(tokenizer.encode_padded(text.text));
     return ids;
   });
   const auto clip = timer.loading("CLIP load", [&] {
-    return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, device);
+    return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, device, request.lora);
   });
   return timer.timed("CLIP forward", [&] {
-    return encode_in_chunks(rows, device, [&](const at::Tensor& ids) { return clip.forward(ids).pooled_output; });
+    int64_t first = 0;
+    return encode_in_chunks(rows, device, [&](const at::Tensor& ids) {
+      // Unfused text-encoder adapters: each row with its prompt's choice.
+      std::vector<int64_t> choices;
+      for (int64_t r = 0; r < ids.size(0); ++r) choices.push_back(texts[static_cast<size_t>(first + r)].adapters);
+      first += ids.size(0);
+      clip.select_adapters(choices);
+      return clip.forward(ids).pooled_output;
+    });
   });
 }  // CLIP released here
 
@@ -129,7 +240,7 @@ at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Dev
   const auto rows = timer.timed("T5 tokenizer", [&] {
     const auto tokenizer = tokenizers::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
     std::vector<std::vector<int64_t>> ids;
-    for (const auto& prompt : request.prompts) ids.push_back(tokenizer.encode_padded(prompt, request.max_sequence_length));
+    for (const auto& text : request.encode_texts()) ids.push_back(tokenizer.encode_padded(text.text, request.max_sequence_length));
     return ids;
   });
   const auto t5 = timer.loading("T5 load", [&] {
@@ -141,13 +252,21 @@ at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Dev
 }  // T5 released here
 
 PromptEmbeddings FluxPipeline::expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5) {
-  DP_CHECK(pooled.size(0) == static_cast<int64_t>(request.prompts.size()) && t5.size(0) == pooled.size(0),
-           "prompt embeddings for ", pooled.size(0), " (CLIP) and ", t5.size(0), " (T5) prompts, expected ",
-           request.prompts.size());
+  const auto texts = static_cast<int64_t>(request.encode_texts().size());
+  DP_CHECK(pooled.size(0) == texts && t5.size(0) == texts, "prompt embeddings for ", pooled.size(0), " (CLIP) and ",
+           t5.size(0), " (T5) texts, expected ", texts);
+  const auto prompts = static_cast<int64_t>(request.prompts.size());
   PromptEmbeddings out;
-  out.pooled = repeat_per_prompt(pooled, request.num_images_per_prompt);
-  out.prompt_embeds = repeat_per_prompt(t5, request.num_images_per_prompt);
+  out.pooled = repeat_per_prompt(pooled.narrow(0, 0, prompts), request.num_images_per_prompt);
+  out.prompt_embeds = repeat_per_prompt(t5.narrow(0, 0, prompts), request.num_images_per_prompt);
   out.text_ids = at::zeros({request.max_sequence_length, 3});
+  if (request.do_true_cfg()) {
+    std::vector<int64_t> rows;
+    for (size_t p = 0; p < request.prompts.size(); ++p) rows.push_back(static_cast<int64_t>(request.negative_row(p)));
+    const at::Tensor index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(pooled.device());
+    out.negative_pooled = repeat_per_prompt(pooled.index_select(0, index), request.num_images_per_prompt);
+    out.negative_prompt_embeds = repeat_per_prompt(t5.index_select(0, index.to(t5.device())), request.num_images_per_prompt);
+  }
   return out;
 }
 
@@ -157,6 +276,17 @@ at::Tensor FluxPipeline::initial_latents(const GenerateRequest& request, const L
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
   DP_CHECK(config.in_channels % 4 == 0, config_path, ": in_channels ", config.in_channels,
            " is not 4 x latent channels");
+  if (request.latents.defined()) {
+    // diffusers takes packed latents as given (latents.to(device, dtype)); the transformer would fail on any
+    // other shape, so it is checked here, naming the file.
+    const at::Tensor& given = request.latents;
+    DP_CHECK(given.dim() == 3 && given.size(0) == request.batch() && given.size(1) == grid.tokens() &&
+                 given.size(2) == config.in_channels,
+             request.latents_source, ": initial latents of shape ", given.sizes(), " given, but ", request.width, "x",
+             request.height, " with ", request.batch(), " image(s) needs packed latents (", request.batch(), ", ",
+             grid.tokens(), ", ", config.in_channels, ")");
+    return given.to(request.device, request.dtype);
+  }
   // diffusers draws on the CPU generator in the run dtype, then moves the result to the device.
   auto generator = at::make_generator<at::CPUGeneratorImpl>(request.seed);
   const at::Tensor noise = at::randn({request.batch(), config.in_channels / 4, grid.height, grid.width}, generator,
@@ -171,17 +301,12 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
   const DenoiseSchedule schedule = this->schedule(request, latents.size(1));
   auto stage = timer.loading("transformer load", [&] {
     return std::make_shared<FluxStage>(folder_.component("transformer").path, 0, -1, request.dtype, request.device,
-                                       grid, prompts.prompt_embeds.size(1));
+                                       grid, prompts.prompt_embeds.size(1), std::map<int64_t, models::OffloadedWeights>{},
+                                       request.lora);
   });
   LocalExecutor executor(stage);
-  DenoiseJob job;
-  job.latents = latents;
-  job.prompt_embeds = prompts.prompt_embeds;
-  job.pooled = prompts.pooled;
-  job.guidance = request.guidance;
-  job.guidance_embeds = schedule.guidance_embeds;
-  job.microbatch_size = latents.size(0);  // the whole batch at once, as FluxPipeline runs it
-  job.scheduler = &schedule.scheduler;
+  // The whole batch at once, as FluxPipeline runs it.
+  const DenoiseJob job = make_denoise_job(request, prompts, latents, schedule, latents.size(0));
   LoopCallbacks callbacks;
   const int steps = schedule.scheduler.num_inference_steps();
   callbacks.check_step = [steps](int64_t, int step, const at::Tensor& stepped) {
@@ -201,7 +326,8 @@ DenoiseSchedule FluxPipeline::schedule(const GenerateRequest& request, int64_t i
   const auto scheduler_config = schedulers::FlowMatchSchedulerConfig::from_file(scheduler_dir + "/scheduler_config.json");
   DenoiseSchedule out{schedulers::FlowMatchEulerScheduler(scheduler_config), false};
   const double mu = schedulers::flux_calculate_shift(image_tokens, scheduler_config);
-  out.scheduler.set_timesteps_from_sigmas(schedulers::flux_default_sigmas(request.steps), &mu);
+  out.scheduler.set_timesteps_from_sigmas(
+      request.sigmas.empty() ? schedulers::flux_default_sigmas(request.steps) : request.sigmas, &mu);
   const auto config_path = folder_.component("transformer").path + "/config.json";
   out.guidance_embeds = models::FluxConfig::from_json(read_json_file(config_path), config_path).guidance_embeds;
   return out;

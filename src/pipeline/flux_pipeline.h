@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "io/model_folder.h"
+#include "models/lora.h"
 #include "models/vae/vae.h"
+#include "pipeline/denoise_loop.h"
 #include "pipeline/latent_layout.h"
 #include "schedulers/flow_match_scheduler.h"
 
@@ -39,7 +41,38 @@ struct GenerateRequest {
   int max_sequence_length = 512;
   at::ScalarType dtype = at::kBFloat16;
   at::Device device = at::kCPU;
+  // True classifier-free guidance, FluxPipeline's negative_prompt + true_cfg_scale: on when true_cfg_scale > 1
+  // and a negative prompt is given (one for every prompt, or one per prompt); each step then also runs the
+  // negative prompt and takes uncond + true_cfg_scale * (cond - uncond).
+  std::vector<std::string> negative_prompts;
+  double true_cfg_scale = 1.0;
+  // FluxPipeline's `sigmas`: a custom schedule (before the scheduler's shift), one per step; empty: the default.
+  std::vector<double> sigmas;
+  // FluxPipeline's `latents`: the initial packed latents (B, N_img, C) on the host; undefined: drawn from `seed`.
+  at::Tensor latents;
+  std::string latents_source;  // where they came from, for messages
+  // LoRA adapters (null: none). With prompts that choose their adapters (pipeline/prompt_adapters.h), `prompts`
+  // keep their tags as written and `prompt_texts` / `prompt_adapters` hold each text and its choice (an index
+  // into lora->selections()); both empty otherwise.
+  std::shared_ptr<const models::LoraSet> lora;
+  std::vector<std::string> prompt_texts;
+  std::vector<int64_t> prompt_adapters;
+
   int64_t batch() const { return static_cast<int64_t>(prompts.size()) * num_images_per_prompt; }
+  bool do_true_cfg() const { return true_cfg_scale > 1 && !negative_prompts.empty(); }
+  const std::string& prompt_text(size_t prompt) const;
+  int64_t prompt_adapter_choice(size_t prompt) const;
+  // What CLIP and T5 encode: every prompt's text, then (with true CFG) each distinct negative prompt with the
+  // adapter choice of the prompts it serves, in order of first use.
+  struct EncodeText {
+    std::string text;
+    int64_t adapters = 0;
+  };
+  std::vector<EncodeText> encode_texts() const;
+  // The row of encode_texts() holding prompt `prompt`'s negative prompt.
+  size_t negative_row(size_t prompt) const;
+  // True CFG, custom sigmas, initial latents and adapters in a short text that ranks compare ("" when unused).
+  std::string extras_digest() const;
   void validate() const;  // throws naming the offending value
 };
 
@@ -47,6 +80,9 @@ struct PromptEmbeddings {
   at::Tensor prompt_embeds;  // (B * n, max_sequence_length, joint_attention_dim), T5 last hidden state
   at::Tensor pooled;         // (B * n, pooled_projection_dim), CLIP pooled output
   at::Tensor text_ids;       // (max_sequence_length, 3), zeros
+  // With true CFG: the negative prompt's, one row per image as above; undefined otherwise.
+  at::Tensor negative_prompt_embeds;
+  at::Tensor negative_pooled;
 };
 
 struct StageReport {
@@ -69,6 +105,11 @@ struct DenoiseSchedule {
   schedulers::FlowMatchEulerScheduler scheduler;
   bool guidance_embeds = false;
 };
+
+// The denoising loop's job for a request (pipeline/denoise_loop.h): the batch's latents and embeddings, the
+// guidance, true CFG's negative embeddings and scale, and each image's adapter choice when prompts choose.
+DenoiseJob make_denoise_job(const GenerateRequest& request, const PromptEmbeddings& prompts, const at::Tensor& latents,
+                            const DenoiseSchedule& schedule, int64_t microbatch_size);
 
 class FluxPipeline {
  public:
@@ -95,13 +136,15 @@ class FluxPipeline {
   // Their parts are timed within `timer`, the encode stage of whichever rank runs them.
   at::Tensor encode_clip_pooled(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
   at::Tensor encode_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
-  // Each prompt's rows repeated num_images_per_prompt times in a row, as diffusers' repeat + view does.
+  // The rows of encode_texts() (pooled from CLIP, t5 from T5) as one row per image: each prompt's repeated
+  // num_images_per_prompt times in a row, as diffusers' repeat + view does, and the same for the negatives.
   static PromptEmbeddings expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5);
   // randn in the run dtype from a CPU generator seeded with request.seed, then packed: (B * n, seq, 4C).
   at::Tensor initial_latents(const GenerateRequest& request, const LatentGrid& grid) const;
   at::Tensor denoise(const GenerateRequest& request, const LatentGrid& grid, const PromptEmbeddings& prompts,
                      at::Tensor latents, const std::function<void(const StepProgress&)>& on_step);
-  // The schedule for `image_tokens` latent tokens (configs only: no weights are read).
+  // The schedule for `image_tokens` latent tokens (configs only: no weights are read): FluxPipeline's default
+  // sigmas, or the request's custom ones, shifted as the scheduler config says.
   DenoiseSchedule schedule(const GenerateRequest& request, int64_t image_tokens) const;
   // Packed latents to 8-bit RGB images (B, H, W, 3), exactly as the PIL output of diffusers.
   at::Tensor decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/lora_check.h"
 
 namespace dp::pipeline {
 namespace {
@@ -37,7 +38,7 @@ uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& co
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
                      at::Device device, const LatentGrid& grid, int64_t text_tokens,
                      const std::map<int64_t, models::OffloadedWeights>& offloaded,
-                     models::flux::SequenceShard shard)
+                     models::flux::SequenceShard shard, std::shared_ptr<const models::LoraSet> lora)
     : shard_(std::move(shard)) {
   c10::InferenceMode guard;
   const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
@@ -50,7 +51,14 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
   parts.offloaded = offloaded;
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
   weight_bytes_ = held_bytes(*weights, config, parts);
-  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts);
+  if (lora) {
+    // A NaN in an adapter is found before the blocks load, reading only the factors this piece will use.
+    lora->check_finite(io::LoraComponent::transformer, [&](const io::LoraModule& m) {
+      if (m.block >= 0) return m.block >= parts.first_block && m.block < parts.last_block;
+      return models::flux_module_is_embedder(m.module) ? parts.embedders : parts.head;
+    });
+  }
+  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts, std::move(lora));
   if (shard_.text_counts.empty()) shard_ = {0, {text_tokens}, {grid.tokens()}, nullptr};
   shard_.check();
   DP_CHECK(shard_.text_tokens() == text_tokens && shard_.image_tokens() == grid.tokens(), "a sequence shard of ",
@@ -69,8 +77,11 @@ void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds,
            ": prompt embeddings ", prompt_embeds.sizes(), " for a stage that holds ", text_count(), " text tokens");
   c10::InferenceMode guard;
   const auto device = model_.device();
-  prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())),
-                          pooled.to(device, model_.dtype())};
+  if (model_.has_unfused_adapters())
+    prompts_[microbatch] = {at::Tensor(), pooled.to(device, model_.dtype()), prompt_embeds.to(device, model_.dtype())};
+  else
+    prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())), pooled.to(device, model_.dtype()),
+                            at::Tensor()};
 }
 
 void FluxStage::forget(int64_t microbatch) { prompts_.erase(microbatch); }
@@ -79,18 +90,31 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
   c10::InferenceMode guard;
   const auto device = model_.device();
   models::FluxActivations state;
+  // A last (B,) int64 tensor: each row's adapter choice (prompts that pick their own LoRA adapters).
+  const bool choices = inputs.size() == 4;
+  if (choices) {
+    const at::Tensor ids = inputs[3].to(at::kCPU, at::kLong).contiguous();
+    DP_CHECK(ids.dim() == 1 && ids.size(0) == inputs[0].size(0), "microbatch ", microbatch, ": adapter choices ",
+             ids.sizes(), " for a batch of ", inputs[0].size(0));
+    model_.select_adapters(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
+  }
   if (is_first()) {
-    DP_CHECK(inputs.size() == 3, "microbatch ", microbatch, ": the first stage expects latents, timestep and guidance, got ",
-             inputs.size(), " tensors");
+    DP_CHECK(inputs.size() == 3 || choices, "microbatch ", microbatch,
+             ": the first stage expects latents, timestep and guidance, got ", inputs.size(), " tensors");
     const auto found = prompts_.find(microbatch);
     DP_CHECK(found != prompts_.end(), "microbatch ", microbatch, ": no prompts were sent before its first step");
+    if (!found->second.text.defined()) {
+      // Embedded once, now that the rows' adapter choice is selected.
+      found->second.text = model_.embed_text(found->second.unembedded);
+      found->second.unembedded = at::Tensor();
+    }
     const at::Tensor latents = inputs[0].to(device);
     const at::Tensor guidance = inputs[2].defined() ? inputs[2].to(device) : at::Tensor();
     state = {model_.embed_image(latents), found->second.text,
              model_.embed_time(inputs[1].to(device), guidance, found->second.pooled)};
   } else {
-    DP_CHECK(inputs.size() == 3, "microbatch ", microbatch, ": a stage expects image, text and temb activations, got ",
-             inputs.size(), " tensors");
+    DP_CHECK(inputs.size() == 3 || choices, "microbatch ", microbatch,
+             ": a stage expects image, text and temb activations, got ", inputs.size(), " tensors");
     state = {inputs[0].to(device), inputs[1].to(device), inputs[2].to(device)};
   }
   DP_CHECK(state.image.dim() == 3 && state.image.size(1) == image_count() && state.text.dim() == 3 &&
@@ -99,6 +123,7 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
            "stage that holds ", image_count(), " image and ", text_count(), " text tokens");
   model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block, group());
   if (is_last()) return {model_.head(state)};
+  if (choices) return {state.image, state.text, state.temb, inputs[3]};
   return {state.image, state.text, state.temb};
 }
 

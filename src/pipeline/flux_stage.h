@@ -8,6 +8,8 @@
 //   last piece out:  [noise prediction (B, N_img, C)]
 // When the piece is one of a sequence group's K members (models/flux/sequence_parallel.h), every tensor above
 // holds this member's token shard only (N_img and N_txt its counts) and temb stays whole.
+// When prompts choose their own LoRA adapters (unfused), the first two also carry a last tensor, each row's
+// adapter choice (B,) int64, which every piece applies to its adapted Linears.
 #include <ATen/ATen.h>
 
 #include <map>
@@ -28,10 +30,12 @@ class FluxStage {
   // or in the mmapped file and are streamed in per use (models/flux/flux_offload.h), on the CPU too.
   // `shard`: this piece's place in its sequence group; empty counts (the default) or one member: the whole
   // sequence. Its exchange must outlive the stage.
+  // `lora`: the run's adapters; this piece reads (and first checks for non-finite values) only the factors of
+  // the modules it holds.
   FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
             at::Device device, const LatentGrid& grid, int64_t text_tokens,
             const std::map<int64_t, models::OffloadedWeights>& offloaded = {},
-            models::flux::SequenceShard shard = {});
+            models::flux::SequenceShard shard = {}, std::shared_ptr<const models::LoraSet> lora = nullptr);
 
   bool is_first() const { return model_.parts().embedders; }
   bool is_last() const { return model_.parts().head; }
@@ -55,6 +59,9 @@ class FluxStage {
   struct Prompts {
     at::Tensor text;    // context_embedder output (B, N_txt, D)
     at::Tensor pooled;  // (B, pooled_projection_dim)
+    // Unfused adapters: the prompt embeddings wait here for the first step, which says the rows' adapter choice
+    // that context_embedder's adapters need.
+    at::Tensor unembedded;
   };
   // The tokens this piece holds: its shard's text and image counts.
   int64_t text_count() const { return shard_.text_counts[static_cast<size_t>(shard_.index)]; }
@@ -64,7 +71,7 @@ class FluxStage {
   models::FluxTransformer model_;
   models::flux::SequenceShard shard_;
   models::flux::RotaryTables rope_;  // rows of this piece's tokens
-  std::map<int64_t, Prompts> prompts_;
+  mutable std::map<int64_t, Prompts> prompts_;
   uint64_t weight_bytes_ = 0;
 };
 

@@ -86,7 +86,7 @@ std::string own_cgroup_v2_path() {
 }  // namespace
 
 double MemoryEstimate::peak_bytes() const {
-  return latents_bytes + std::max(transformer_bytes, vae_decode_bytes);
+  return latents_bytes + std::max(transformer_bytes + unfused_lora_bytes, vae_decode_bytes);
 }
 
 MemoryEstimate estimate_generate_memory(const MemoryRequest& request, const models::FluxConfig& transformer,
@@ -100,9 +100,16 @@ MemoryEstimate estimate_generate_memory(const MemoryRequest& request, const mode
   out.image_tokens = (latent_height / 2) * (latent_width / 2);
   out.sequence_length = out.image_tokens + request.text_tokens;
   const double tokens = static_cast<double>(out.image_tokens);
-  out.latents_bytes = kLatentCopies * batch * tokens * static_cast<double>(transformer.in_channels) * element;
+  const double latent_copies = kLatentCopies + (request.true_cfg ? 2 : 0);
+  out.latents_bytes = latent_copies * batch * tokens * static_cast<double>(transformer.in_channels) * element;
   out.transformer_bytes = kBlockActivationWidths * batch * static_cast<double>(out.sequence_length) *
                           static_cast<double>(transformer.inner_dim()) * element;
+  if (request.unfused_lora_rank > 0) {
+    out.unfused_lora_bytes = batch * static_cast<double>(out.sequence_length) *
+                             (2 * static_cast<double>(transformer.mlp_hidden_dim()) +
+                              static_cast<double>(request.unfused_lora_rank)) *
+                             element;
+  }
   if (vae != nullptr) {
     const double latent_pixels = static_cast<double>(latent_height) * static_cast<double>(latent_width);
     const double image_pixels = static_cast<double>(request.height) * static_cast<double>(request.width);

@@ -19,6 +19,9 @@ struct MemoryEstimate {
   double latents_bytes = 0;          // the packed latents and the copies a step holds (noise, prediction)
   double transformer_bytes = 0;      // one transformer block's working set at that sequence length
   double vae_decode_bytes = 0;       // the decoder's largest activations; 0 when not decoding
+  // Unfused LoRA: what the low-rank path adds to a block's working set (its widest projection's delta, the
+  // pre-GELU output the fused GEMM epilogue no longer absorbs, and the rank-wide intermediate).
+  double unfused_lora_bytes = 0;
   // The larger stage: denoise (latents + transformer) or decode (latents + VAE). Doubles: a
   // 1000000x1000000 request overflows no counter.
   double peak_bytes() const;
@@ -30,6 +33,8 @@ struct MemoryRequest {
   int64_t width = 1024;
   int64_t text_tokens = 512;  // max_sequence_length: T5 tokens in every prompt embedding
   at::ScalarType dtype = at::kBFloat16;
+  int64_t unfused_lora_rank = 0;  // the largest adapter rank with --lora-mode unfused; 0: no unfused path
+  bool true_cfg = false;          // two noise predictions per step are held until the Euler step
 };
 
 // `vae` is null when the run writes latents and never decodes; the latent grid then assumes FLUX's 8 pixels

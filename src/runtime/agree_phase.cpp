@@ -119,6 +119,10 @@ std::string model_fingerprint(const std::string& transformer_dir) {
   return fnv.hex();
 }
 
+std::string adapters_fingerprint(const pipeline::GenerateRequest& request) {
+  return request.lora ? " + LoRA " + request.lora->fingerprint() : std::string();
+}
+
 void agree_phase(RunContext& run) {
   const World& world = run.world;
   const auto& request = run.request;
@@ -136,10 +140,10 @@ void agree_phase(RunContext& run) {
   // would speak another NCCL).
   if (run.transport_name == "nccl") world.agree("NCCL version (the library loaded)", nccl_version_text(false), timeout);
   world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size, output, component map)",
-              request_digest(request, options) + (run.decode ? ", png" : ", latent"), timeout);
+              request_digest(request, options) + request.extras_digest() + (run.decode ? ", png" : ", latent"), timeout);
   run.transformer_dir = run.flux.folder().component("transformer").path;
-  run.fingerprint = model_fingerprint(run.transformer_dir);
-  world.agree("model fingerprint (transformer config and tensor headers)", run.fingerprint, timeout);
+  run.fingerprint = model_fingerprint(run.transformer_dir) + adapters_fingerprint(request);
+  world.agree("model fingerprint (transformer config and tensor headers, LoRA adapters)", run.fingerprint, timeout);
   const auto& checkpoints = options.checkpoints;
   world.agree("checkpoint to resume from", checkpoints.resume ? checkpoints.resume_path : "(none)", timeout);
   // The mesh: S stage groups x K ranks. The device map and the components' map plan the S groups.

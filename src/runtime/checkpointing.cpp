@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@
 #include "io/checkpoint_dir.h"
 #include "io/embeddings_cache_file.h"
 #include "io/torch_tensors.h"
+#include "pipeline/stage_timer.h"
 #include "runtime/distributed_generate.h"
 
 namespace dp::runtime {
@@ -121,49 +123,106 @@ std::string encoder_fingerprint(const io::ModelFolder& folder) {
 pipeline::PromptEmbeddings encode_prompts_cached(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                                                  const std::string& cache_path) {
   if (cache_path.empty()) return flux.encode_prompts(request);
-  const std::string fingerprint = encoder_fingerprint(flux.folder());
+  // Text-encoder adapters change CLIP's output: their fingerprint and each text's adapter choice join the key.
+  const bool clip_adapters = request.lora && request.lora->touches(io::LoraComponent::text_encoder);
+  const std::string fingerprint =
+      encoder_fingerprint(flux.folder()) + (clip_adapters ? " lora " + request.lora->fingerprint() : std::string());
   const std::string dtype = io::run_dtype_name(request.dtype);
+  const auto texts = request.encode_texts();
   auto entries = io::read_embeddings_cache(cache_path);
   std::vector<std::string> keys;
   size_t hits = 0;
-  for (const auto& prompt : request.prompts) {
-    keys.push_back(io::embedding_cache_key(prompt, request.max_sequence_length, dtype, fingerprint));
+  for (const auto& text : texts) {
+    keys.push_back(io::embedding_cache_key(text.text, request.max_sequence_length, dtype,
+                                           clip_adapters ? str(fingerprint, " choice ", text.adapters) : fingerprint));
     hits += entries.count(keys.back());
   }
-  if (hits == request.prompts.size()) {
+  if (hits == texts.size()) {
     std::vector<at::Tensor> embeds, pooled;
     for (const auto& key : keys) {
       embeds.push_back(from_raw(entries.at(key).prompt_embeds, request.device));
       pooled.push_back(from_raw(entries.at(key).pooled, request.device));
     }
-    pipeline::PromptEmbeddings out;
+    DP_INFO("embeddings cache: all ", hits, " text(s) found in ", cache_path, "; CLIP and T5 not run");
     // One row per image, the images of the first prompt first, as encode_prompts gives them.
-    out.prompt_embeds = at::cat(embeds, 0).repeat_interleave(request.num_images_per_prompt, 0);
-    out.pooled = at::cat(pooled, 0).repeat_interleave(request.num_images_per_prompt, 0);
-    out.text_ids = at::zeros({request.max_sequence_length, 3}, at::TensorOptions().device(request.device));
-    DP_INFO("embeddings cache: all ", hits, " prompt(s) found in ", cache_path, "; CLIP and T5 not run");
+    auto out = pipeline::FluxPipeline::expand_per_image(request, at::cat(pooled, 0), at::cat(embeds, 0));
+    out.text_ids = out.text_ids.to(request.device);
     return out;
   }
-  // Some prompts are new: encode the request as a run without the cache would, so the result is the same.
-  auto out = flux.encode_prompts(request);
+  // Some texts are new: encode the request as a run without the cache would, so the result is the same.
+  at::Tensor pooled, t5;
+  {
+    pipeline::StageTimer timer("encode", request.device, flux.report_sink());
+    pooled = flux.encode_clip_pooled(request, request.device, timer);
+    t5 = flux.encode_t5(request, request.device, timer);
+  }
   size_t added = 0;
-  for (size_t i = 0; i < request.prompts.size(); ++i) {
+  for (size_t i = 0; i < texts.size(); ++i) {
     if (entries.count(keys[i])) continue;
-    const int64_t row = static_cast<int64_t>(i) * request.num_images_per_prompt;
+    const auto row = static_cast<int64_t>(i);
     io::CachedEmbedding e;
-    e.prompt = request.prompts[i];
+    e.prompt = texts[i].text;
     e.max_sequence_length = request.max_sequence_length;
     e.dtype = dtype;
     e.encoder_fingerprint = fingerprint;
-    e.prompt_embeds = to_raw(out.prompt_embeds.narrow(0, row, 1));
-    e.pooled = to_raw(out.pooled.narrow(0, row, 1));
+    e.prompt_embeds = to_raw(t5.narrow(0, row, 1));
+    e.pooled = to_raw(pooled.narrow(0, row, 1));
     entries[keys[i]] = std::move(e);
     ++added;
   }
   io::write_embeddings_cache(cache_path, entries);
-  DP_INFO("embeddings cache: ", hits, " of ", request.prompts.size(), " prompt(s) found in ", cache_path,
+  DP_INFO("embeddings cache: ", hits, " of ", texts.size(), " text(s) found in ", cache_path,
           "; CLIP and T5 run; ", added, " entr", added == 1 ? "y" : "ies", " added");
-  return out;
+  return pipeline::FluxPipeline::expand_per_image(request, pooled, t5);
+}
+
+io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size) {
+  io::CheckpointRun run;
+  run.prompts = request.prompts;
+  run.num_images_per_prompt = request.num_images_per_prompt;
+  run.height = request.height;
+  run.width = request.width;
+  run.steps = request.steps;
+  run.guidance = request.guidance;
+  run.seed = request.seed;
+  run.max_sequence_length = request.max_sequence_length;
+  run.dtype = io::run_dtype_name(request.dtype);
+  run.microbatch_size = microbatch_size;
+  if (request.do_true_cfg()) {
+    run.negative_prompts = request.negative_prompts;
+    run.true_cfg_scale = request.true_cfg_scale;
+  }
+  run.custom_sigmas = request.sigmas;
+  run.initial_latents = request.latents.defined() ? request.latents_source : std::string();
+  if (request.lora) {
+    nlohmann::ordered_json lora = {{"mode", models::lora_mode_name(request.lora->mode())},
+                                   {"adapters", nlohmann::ordered_json::array()},
+                                   {"fingerprint", request.lora->fingerprint()}};
+    for (const auto& a : request.lora->adapters())
+      lora["adapters"].push_back({{"name", a.spec.name}, {"path", fs::absolute(a.spec.path).string()}, {"scale", a.spec.scale}});
+    run.lora = lora.dump();
+  }
+  return run;
+}
+
+void record_embeddings(io::Checkpoint& checkpoint, const pipeline::PromptEmbeddings& prompts) {
+  checkpoint.prompt_embeds = to_raw(prompts.prompt_embeds);
+  checkpoint.pooled = to_raw(prompts.pooled);
+  if (prompts.negative_prompt_embeds.defined()) {
+    checkpoint.negative_prompt_embeds = to_raw(prompts.negative_prompt_embeds);
+    checkpoint.negative_pooled = to_raw(prompts.negative_pooled);
+  }
+}
+
+pipeline::PromptEmbeddings embeddings_from_checkpoint(const io::Checkpoint& checkpoint, const at::Device& device) {
+  pipeline::PromptEmbeddings prompts;
+  prompts.prompt_embeds = from_raw(checkpoint.prompt_embeds, device);
+  prompts.pooled = from_raw(checkpoint.pooled, device);
+  if (checkpoint.negative_prompt_embeds.nbytes > 0) {
+    prompts.negative_prompt_embeds = from_raw(checkpoint.negative_prompt_embeds, device);
+    prompts.negative_pooled = from_raw(checkpoint.negative_pooled, device);
+  }
+  return prompts;
 }
 
 }  // namespace dp::runtime

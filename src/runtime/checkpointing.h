@@ -72,6 +72,12 @@ class Checkpointer {
 // cache and the missing entries are added.
 pipeline::PromptEmbeddings encode_prompts_cached(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                                                  const std::string& cache_path);
+// The options a checkpoint records and --resume compares, from a request (true CFG, custom sigmas, initial
+// latents and adapters included).
+io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size);
+// The prompts' (and negative prompts') embeddings, one row per image, into and out of a checkpoint record.
+void record_embeddings(io::Checkpoint& checkpoint, const pipeline::PromptEmbeddings& prompts);
+pipeline::PromptEmbeddings embeddings_from_checkpoint(const io::Checkpoint& checkpoint, const at::Device& device);
 // The text encoders' identity for the cache key: configs and tensor headers of text_encoder and text_encoder_2.
 std::string encoder_fingerprint(const io::ModelFolder& folder);
 

@@ -72,5 +72,7 @@ bool built_with_nccl();
 std::string build_id();
 // Identifies a model folder's transformer: its config and every tensor's name, dtype, shape and offsets.
 std::string model_fingerprint(const std::string& transformer_dir);
+// What a request's LoRA adapters add to that fingerprint ("" without adapters): the ranks agree on both.
+std::string adapters_fingerprint(const pipeline::GenerateRequest& request);
 
 }  // namespace dp::runtime

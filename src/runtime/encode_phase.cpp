@@ -29,7 +29,7 @@ void send_embeddings(Transport& transport, const at::Tensor& rows, int32_t compo
 // On the coordinator: an encoder rank's output, every chunk's header checked against what was asked for.
 at::Tensor receive_embeddings(Transport& transport, const ComponentPlace& place, int32_t component_code,
                               std::vector<int64_t> row_shape, const pipeline::GenerateRequest& request) {
-  const auto prompts = static_cast<int64_t>(request.prompts.size());
+  const auto prompts = static_cast<int64_t>(request.encode_texts().size());  // with true CFG, negatives too
   std::vector<at::Tensor> parts;
   for (int64_t first = 0, chunk = 0; first < prompts; first += pipeline::FluxPipeline::kEncodeChunk, ++chunk) {
     const int64_t n = std::min(pipeline::FluxPipeline::kEncodeChunk, prompts - first);
@@ -95,8 +95,7 @@ CoordinatorStart coordinator_start(RunContext& run, EncodedPrompts encoded) {
   CoordinatorStart start;
   if (checkpoints.resume) {
     const auto& c = *checkpoints.resume;
-    start.prompts.prompt_embeds = from_raw(c.prompt_embeds, request.device);
-    start.prompts.pooled = from_raw(c.pooled, request.device);
+    start.prompts = embeddings_from_checkpoint(c, request.device);
     start.latents = from_raw(c.latents, request.device);
     DP_INFO("resume: ", checkpoints.resume_path, ": ", c.steps_done(), "/", c.run.steps,
             " steps done (slowest image); prompt embeddings from the checkpoint, no text encoder runs");

@@ -88,7 +88,7 @@ LoadedStage load_phase(const RunContext& run) {
     return std::make_shared<pipeline::FluxStage>(run.transformer_dir, mine->first_block, mine->last_block,
                                                  run.request.dtype, run.device, run.grid,
                                                  run.request.max_sequence_length, offloaded_weights(*mine),
-                                                 sequence_shard(run));
+                                                 sequence_shard(run), run.request.lora);
   });
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();

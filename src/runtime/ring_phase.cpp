@@ -28,16 +28,7 @@ io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSch
   const auto& request = run.request;
   const auto& checkpoints = run.checkpoints();
   io::Checkpoint base;
-  base.run.prompts = request.prompts;
-  base.run.num_images_per_prompt = request.num_images_per_prompt;
-  base.run.height = request.height;
-  base.run.width = request.width;
-  base.run.steps = request.steps;
-  base.run.guidance = request.guidance;
-  base.run.seed = request.seed;
-  base.run.max_sequence_length = request.max_sequence_length;
-  base.run.dtype = io::run_dtype_name(request.dtype);
-  base.run.microbatch_size = run.options.microbatch_size;
+  base.run = checkpoint_run(request, run.options.microbatch_size);
   base.model_dir = std::filesystem::absolute(run.flux.folder().dir()).string();
   base.model_fingerprint = run.fingerprint;
   base.device_map = run.plan.digest + " " + run.plan.hf_device_map.dump();
@@ -46,8 +37,7 @@ io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSch
   base.sigmas = schedule.scheduler.sigmas();
   base.timesteps = schedule.scheduler.timesteps();
   // Written with every checkpoint, copied to the CPU once.
-  base.prompt_embeds = checkpoints.resume ? checkpoints.resume->prompt_embeds : to_raw(prompts.prompt_embeds);
-  base.pooled = checkpoints.resume ? checkpoints.resume->pooled : to_raw(prompts.pooled);
+  record_embeddings(base, prompts);
   return base;
 }
 
@@ -70,14 +60,7 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
                         run.exchange.get());
   if (run.decode && images.decoding_rank() != 0)
     executor.listen_to(images.decoding_rank(), [&images](Message& message) { images.take(message); });
-  pipeline::DenoiseJob job;
-  job.latents = latents;
-  job.prompt_embeds = start.prompts.prompt_embeds;
-  job.pooled = start.prompts.pooled;
-  job.guidance = request.guidance;
-  job.guidance_embeds = schedule.guidance_embeds;
-  job.microbatch_size = options.microbatch_size;
-  job.scheduler = &schedule.scheduler;
+  pipeline::DenoiseJob job = pipeline::make_denoise_job(request, start.prompts, latents, schedule, options.microbatch_size);
   // Checkpoints hold every image's latents, finished ones too (a resume decodes those again).
   job.keep_final_latents = !run.decode || !checkpoints.dir.empty();
   if (checkpoints.resume) {

@@ -8,13 +8,16 @@ The prefix is the contract the replay (replay_main.cpp) checks per file: bad_* m
 quirk_* accepted.
 corpus/index/: *.safetensors.index.json bodies for index_fuzz.cpp, which pairs them with two fixed shards
 (a, b in model-00001-of-00002.safetensors; c in model-00002-of-00002.safetensors).
+corpus/lora_file/: LoRA adapter files for lora_file_fuzz.cpp in the three layouts (diffusers/PEFT, kohya, BFL) for its
+fixed tiny model, and one per way an adapter can be broken (io_lora_file_test checks bad_* are refused, valid_*
+accepted).
 corpus/clip_tokenizer/, corpus/t5_tokenizer/: bundles of tokenizer files ("#file NAME" lines, see
 tokenizer_fuzz_support.h), built from the tiny tokenizers that `diffpipe make-tiny` writes, small hand-made
 ones, and one per way a file can be broken. corpus/spiece/: spiece.model files (sentencepiece ModelProto),
 written here field by field. The Precompiled charsmaps are small darts-clone tries built here too.
 
 Deterministic: rerunning rewrites identical bytes. Files the fuzzer found (crash-*, regression-*) are kept.
-Run: python3 tests/fuzz/make_corpus.py [--diffpipe build/diffpipe]
+Run: python3 tests/fuzz/make_corpus.py [--diffpipe build/diffpipe] [--only lora_file]
 (the tokenizer seeds need the torch-free `diffpipe` binary for make-tiny).
 """
 import argparse
@@ -176,6 +179,83 @@ def index_cases():
         "bad_duplicate_tensor": b'{"weight_map":{"a":"' + s1.encode() + b'","a":"' + s2.encode() + b'"}}',
         "bad_invalid_utf8": b'{"weight_map":{"\xff":"' + s1.encode() + b'"}}',
         "bad_empty": b"",
+    }
+
+
+# --- LoRA adapters --------------------------------------------------------------------------------------------
+
+def tensors(items, metadata=None):
+    """A safetensors image of F32/BF16 tensors: items are (name, dtype, shape, fill value)."""
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, fill in items:
+        count = 1
+        for d in shape:
+            count *= d
+        packed = struct.pack("<q", int(fill)) if dtype == "I64" else struct.pack("<f", fill)
+        one = packed[2:] if dtype == "BF16" else packed
+        begin = len(data)
+        data += one * count
+        header[name] = entry(dtype, shape, begin, len(data))
+    return image(header, data)
+
+
+def pair(module, down, up, rank, n_in, n_out, fill=0.01):
+    return [(module + down, "F32", [rank, n_in], fill), (module + up, "F32", [n_out, rank], fill)]
+
+
+def lora_cases():
+    """For lora_file_fuzz.cpp's model: FLUX inner dim 32, MLP 128, 2 double + 2 single blocks, 16 input channels;
+    CLIP width 32, MLP 37, 2 layers."""
+    t = "transformer."
+    a, b = ".lora_A.weight", ".lora_B.weight"
+    down, up = ".lora_down.weight", ".lora_up.weight"
+    diffusers = (pair(t + "transformer_blocks.0.attn.to_q", a, b, 4, 32, 32)
+                 + [(t + "transformer_blocks.0.attn.to_q.alpha", "F32", [], 8.0)]
+                 + pair(t + "single_transformer_blocks.1.proj_mlp", a, b, 4, 32, 128)
+                 + pair(t + "x_embedder", a, b, 2, 16, 32)
+                 + pair("text_encoder.text_model.encoder.layers.1.mlp.fc1", a, b, 2, 32, 37))
+    kohya = (pair("lora_unet_double_blocks_1_img_attn_qkv", down, up, 6, 32, 96)
+             + [("lora_unet_double_blocks_1_img_attn_qkv.alpha", "F32", [], 3.0)]
+             + pair("lora_unet_single_blocks_0_linear1", down, up, 4, 32, 224)
+             + pair("lora_unet_single_blocks_1_linear2", down, up, 4, 160, 32)
+             + pair("lora_unet_double_blocks_0_txt_mod_lin", down, up, 4, 32, 192)
+             + pair("lora_unet_img_in", down, up, 4, 16, 32)
+             + pair("lora_te1_text_model_encoder_layers_0_self_attn_k_proj", down, up, 4, 32, 32))
+    bfl = (pair("diffusion_model.double_blocks.0.txt_attn.qkv", down, up, 4, 32, 96)
+           + [("diffusion_model.double_blocks.0.txt_attn.qkv.alpha", "BF16", [], 2.0)]
+           + pair("diffusion_model.single_blocks.1.modulation.lin", down, up, 4, 32, 96)
+           + pair("text_encoders.clip_l.transformer.text_model.encoder.layers.1.mlp.fc2", down, up, 4, 37, 32))
+    q = t + "transformer_blocks.0.attn.to_q"
+    truncated = tensors(diffusers)
+    return {
+        "valid_diffusers": tensors(diffusers),
+        "valid_kohya": tensors(kohya),
+        "valid_bfl": tensors(bfl),
+        "valid_metadata": tensors(pair(t + "proj_out", a, b, 4, 32, 16),
+                                  {"lora_adapter_metadata": json.dumps({"transformer.r": 4, "transformer.lora_alpha": 2})}),
+        "bad_empty": b"",
+        "bad_no_tensors": tensors([]),
+        "bad_truncated": truncated[:-7],
+        "bad_sdxl_keys": tensors(pair("lora_unet_down_blocks_0_attentions_0_proj_in", down, up, 4, 32, 32)),
+        "bad_unknown_keys": tensors([("model.embed.weight", "F32", [4, 4], 0.0)]),
+        "bad_missing_up": tensors([(q + a, "F32", [4, 32], 0.0)]),
+        "bad_rank_mismatch": tensors([(q + a, "F32", [4, 32], 0.0), (q + b, "F32", [32, 3], 0.0)]),
+        "bad_wrong_width": tensors(pair(q, a, b, 4, 64, 64)),
+        "bad_block_outside_model": tensors(pair(t + "transformer_blocks.7.attn.to_q", a, b, 4, 32, 32)),
+        "bad_nan_alpha": tensors(pair(q, a, b, 4, 32, 32) + [(q + ".alpha", "F32", [], float("nan"))]),
+        "bad_int_alpha": tensors(pair(q, a, b, 4, 32, 32) + [(q + ".alpha", "I64", [], 4)]),
+        "bad_three_d_factor": tensors([(q + a, "F32", [4, 32, 1], 0.0), (q + b, "F32", [32, 4], 0.0)]),
+        "bad_bfl_lora_a": tensors(pair("diffusion_model.double_blocks.0.img_attn.qkv", a, b, 4, 32, 96)),
+        "bad_linear1_rows": tensors(pair("lora_unet_single_blocks_0_linear1", down, up, 4, 32, 96)),
+        "bad_negative_kohya_alpha": tensors(pair("lora_unet_double_blocks_0_img_mlp_2", down, up, 4, 128, 32)
+                                            + [("lora_unet_double_blocks_0_img_mlp_2.alpha", "F32", [], -1.0)]),
+        "bad_alpha_and_metadata": tensors(pair(q, a, b, 4, 32, 32) + [(q + ".alpha", "F32", [], 4.0)],
+                                          {"lora_adapter_metadata": json.dumps({"transformer.r": 4})}),
+        "bad_metadata_rank": tensors(pair(q, a, b, 4, 32, 32),
+                                     {"lora_adapter_metadata": json.dumps({"transformer.r": 8})}),
+        "bad_xlabs": tensors(pair("double_blocks.0.processor.qkv_lora1", ".down.weight", ".up.weight", 4, 32, 32)),
     }
 
 
@@ -608,7 +688,12 @@ def main():
     root = os.path.dirname(os.path.dirname(HERE))
     parser.add_argument("--diffpipe", default=os.path.join(root, "build", "diffpipe"),
                         help="the diffpipe binary whose make-tiny writes the tiny tokenizers")
+    parser.add_argument("--only", help="write only this corpus (e.g. lora_file)")
     args = parser.parse_args()
+    if args.only == "lora_file":
+        write("lora_file", lora_cases())
+        return
+    write("lora_file", lora_cases())
     write("safetensors", safetensors_cases())
     write("index", index_cases())
     tiny = make_tiny_tokenizers(args.diffpipe)

@@ -3,7 +3,7 @@
 # compiled with coverage and sanitizers, LibTorch is never configured) and runs it for a fixed time over a
 # copy of the committed seed corpus.
 #
-#   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index|clip_tokenizer|t5_tokenizer|spiece|checkpoint]
+#   tests/fuzz/run_fuzz.sh [SECONDS=60] [TARGET=safetensors|index|clip_tokenizer|t5_tokenizer|spiece|checkpoint|lora_file]
 #
 # Findings (crash, sanitizer report, leak, timeout, out-of-memory, uncaught non-dp::Error exception) land
 # in build-fuzz/artifacts/TARGET/ and make the script exit 1. Inputs the fuzzer discovers accumulate in
@@ -20,9 +20,9 @@ cxx=${CXX_FUZZ:-clang++}
 # Each target's dictionary: the JSON and framing tokens its parser looks for.
 case "$target" in
   safetensors|index) dict=safetensors.dict ;;
-  clip_tokenizer|t5_tokenizer|spiece) dict=$target.dict ;;
+  clip_tokenizer|t5_tokenizer|spiece|lora_file) dict=$target.dict ;;
   checkpoint) dict="" ;;  # binary HDF5: no useful tokens
-  *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index|clip_tokenizer|t5_tokenizer|spiece|checkpoint)" >&2; exit 2 ;;
+  *) echo "run_fuzz.sh: unknown target '$target' (safetensors|index|clip_tokenizer|t5_tokenizer|spiece|checkpoint|lora_file)" >&2; exit 2 ;;
 esac
 binary="$out/tests/fuzz/${target}_fuzz"
 seeds="$root/tests/fuzz/corpus/$target"

@@ -28,6 +28,10 @@ Cases:
                   folder is refused, then with --share-checkpoint-dir is stopped by a signal; A's files are intact,
                   B's rotation removed only B's; --resume DIR with B's prompt resumes B (bit-identical to an
                   uninterrupted B), and without options names both runs and refuses.
+  extras          a run with a LoRA adapter (unfused), true CFG (--negative-prompt, --true-cfg-scale) and --sigmas
+                  stopped by SIGUSR1 writes a format-3 checkpoint holding them (h5py), resumes from --resume alone
+                  (the adapter reopened from the path it records) bit-identical to the uninterrupted run, and a
+                  resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option.
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
 import argparse
@@ -44,7 +48,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, rank_pids, run  # noqa: E402
+from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, rank_pids, run, write_tiny_lora  # noqa: E402
 
 STEPS = 4
 EXIT_STOPPED = 75
@@ -423,9 +427,56 @@ def case_shared_dir(binary, model, tmp, ranks, at):
     print("--resume DIR --prompt B: resumed run B, bit-identical to an uninterrupted run B")
 
 
+def case_extras(binary, model, tmp, ranks, at):
+    lora = tmp / "style.safetensors"
+    write_tiny_lora(model, lora)
+    extras = ["--lora", f"style={lora}:0.8", "--lora-mode", "unfused", "--negative-prompt", "blurry, dull",
+              "--true-cfg-scale", "2", "--sigmas", "1.0,0.7,0.4,0.15"]
+    out = tmp / "extras-reference.h5"
+    code, output, _ = run(launcher(ranks) + [binary] + args_for(model, out, extras))
+    if code != 0:
+        fail(f"the uninterrupted run with LoRA, true CFG and sigmas exited {code}:\n{output}")
+    expected = latents(out)
+    plain = reference(binary, model, tmp)
+    if np.abs(expected - plain).max() < 1e-3 * np.abs(plain).max():
+        fail("LoRA, true CFG and sigmas did not change the latents")
+    k = STEP_OF[at]
+    ckdir = tmp / "ck-extras"
+    env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP=str(k))
+    command = launcher(ranks) + [binary] + args_for(model, tmp / "stopped.h5", extras + ["--checkpoint-dir", str(ckdir)])
+    code, output = run_until_held(command, env, lambda job: job.send_signal(signal.SIGUSR1), "extras stopped")
+    if code != EXIT_STOPPED:
+        fail(f"extras: exit {code}, expected {EXIT_STOPPED}:\n{output}")
+    path = step_file(ckdir, k)
+    if path is None:
+        fail(f"extras: no checkpoint of step {k} in {sorted(p.name for p in ckdir.glob('*.h5'))}")
+    with h5py.File(path, "r") as f:
+        checks = [
+            (f.attrs["format_version"] == 3, "format version 3"),
+            ([p.decode() for p in f["negative_prompts"][...]] == ["blurry, dull"], "negative prompts"),
+            (f.attrs["true_cfg_scale"] == 2.0, "true_cfg_scale"),
+            (list(f["custom_sigmas"][...]) == [1.0, 0.7, 0.4, 0.15], "custom sigmas"),
+            (f["negative_prompt_embeds"].shape == f["prompt_embeds"].shape, "negative prompt embeddings"),
+            (b"style" in f.attrs["lora"] and b"unfused" in f.attrs["lora"], "the adapter record"),
+        ]
+        for ok, what in checks:
+            if not ok:
+                fail(f"extras checkpoint: {what} not as documented")
+    print(f"extras: stopped at step {k} on {ranks} rank(s); the format-3 checkpoint holds adapter, CFG and sigmas")
+    resume_and_compare(binary, model, tmp, ckdir, ranks, expected, "extras resumed from --resume alone")
+    resume = ["generate", "--model", str(model), "--output-type", "latent", "--out", str(tmp / "r.h5"),
+              "--resume", str(path)]
+    expect_refused(binary, resume + ["--true-cfg-scale", "3"], "another --true-cfg-scale",
+                   ["--true-cfg-scale: checkpoint 2"])
+    expect_refused(binary, resume + ["--sigmas", "1.0,0.6,0.3,0.1"], "other --sigmas", ["--sigmas: checkpoint"])
+    expect_refused(binary, resume + ["--lora", f"style={lora}:0.5", "--lora-mode", "unfused"],
+                   "another adapter scale", ["--lora: checkpoint"])
+
+
 CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "signal-worker": case_signal_worker,
          "sigterm": case_sigterm, "killed": case_killed, "world-size": case_world_size, "mesh": case_mesh,
-         "refused": case_refused, "layout": case_layout, "embeddings": case_embeddings, "shared-dir": case_shared_dir}
+         "refused": case_refused, "layout": case_layout, "embeddings": case_embeddings, "shared-dir": case_shared_dir,
+         "extras": case_extras}
 
 
 def main():

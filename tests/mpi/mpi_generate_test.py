@@ -34,6 +34,11 @@ Cases:
                  appears leaves that image complete and valid, and the job ends non-zero.
   bounded-memory a prompts file of 200 prompts runs with the coordinator's peak RSS within 1.5x of 20 prompts'.
   bad-component-map  a component map naming a GPU past the world is refused before loading, naming the component.
+  lora           N ranks with a LoRA adapter and true CFG: ranks given another adapter scale are refused naming the
+                 ranks; with --report each stage computes both CFG passes of every step (2 x steps for one image); a
+                 NaN in the adapter's factors of the last rank's blocks is found by that rank before it loads and
+                 named with the key; a truncated adapter, one for another model and a run config listing 10000
+                 adapters end the job at once with one message naming the file (or the count).
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
@@ -641,12 +646,84 @@ def case_bad_component_map(binary, model, tmp, ranks):
     print(f"GPU {ranks} in a world of {ranks}: refused in {seconds:.1f} s before loading, naming text_encoder_2")
 
 
+def write_tiny_lora(model, path, nan_block=None):
+    """A kohya adapter for make-tiny's transformer (widths from its config): a double block's qkv and context MLP,
+    every single block's linear2, with alphas; `nan_block` (a single block's index) gets a NaN in its up factor."""
+    import json
+    import torch
+    from safetensors.torch import save_file
+    config = json.loads((model / "transformer" / "config.json").read_text())
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    gen = torch.Generator().manual_seed(3)
+    modules = [("double_blocks_0_img_attn_qkv", d, 3 * d), ("double_blocks_0_txt_mlp_0", d, 4 * d)]
+    modules += [(f"single_blocks_{i}_linear2", 5 * d, d) for i in range(config["num_single_layers"])]
+    sd = {}
+    for name, n_in, n_out in modules:
+        sd[f"lora_unet_{name}.lora_down.weight"] = torch.randn(4, n_in, generator=gen) * 0.2
+        up = torch.randn(n_out, 4, generator=gen) * 0.2
+        if nan_block is not None and name == f"single_blocks_{nan_block}_linear2":
+            up[1, 2] = float("nan")
+        sd[f"lora_unet_{name}.lora_up.weight"] = up
+        sd[f"lora_unet_{name}.alpha"] = torch.tensor(2.0)
+    save_file(sd, str(path))
+    return config
+
+
+def case_lora(binary, model, tmp, ranks):
+    import json
+    lora = tmp / "style.safetensors"
+    config = write_tiny_lora(model, lora)
+    extras = ["--lora", f"style={lora}:0.8", "--negative-prompt", "dull", "--true-cfg-scale", "3"]
+    command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "z.h5", extras) + [":", "-np", "1", binary] +
+               generate_args(model, tmp / "z.h5", ["--lora", f"style={lora}:0.9"] + extras[2:]))
+    expect_bounded_failure(command, "ranks with another adapter scale", ["disagree", f"ranks {ranks - 1}:"])
+
+    # One image, true CFG: every stage computes both passes of each of the 3 steps.
+    report = tmp / "report.json"
+    one = ["--num-images-per-prompt", "1", "--report", str(report)] + extras
+    args = generate_args(model, tmp / "cfg.h5", one)
+    args = args[:len(args) - 2 * len(PROMPTS)] + ["--prompt", PROMPTS[0]]  # one prompt instead of PROMPTS
+    code, output, _ = run(mpirun(ranks) + [binary] + args)
+    if code != 0:
+        fail(f"true CFG with a LoRA on {ranks} ranks exited {code}:\n{output}")
+    for r in range(ranks):
+        doc = json.loads((tmp / f"report.rank{r}.json").read_text())
+        if doc["blocks"] is not None and doc["microbatch_steps"] != 2 * 3:
+            fail(f"rank {r} (blocks {doc['blocks']}) computed {doc['microbatch_steps']} passes, expected 6 "
+                 "(both CFG passes of 3 steps)")
+    print(f"true CFG with a LoRA on {ranks} ranks: every stage ran both passes of every step")
+
+    # A NaN in the last single block's factors: the rank holding it names the key before loading its blocks.
+    nan = tmp / "nan.safetensors"
+    write_tiny_lora(model, nan, nan_block=config["num_single_layers"] - 1)
+    last = ranks - 1
+    expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(model, tmp / "n.h5", ["--lora", str(nan)]),
+                           "a NaN in the last blocks' adapter factors",
+                           [f"rank {last} failed", "non-finite", f"single_blocks_{config['num_single_layers'] - 1}_linear2.lora_up.weight"])
+    truncated = tmp / "truncated.safetensors"
+    truncated.write_bytes(lora.read_bytes()[:-100])
+    another = tmp / "sdxl.safetensors"
+    import torch
+    from safetensors.torch import save_file
+    save_file({"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": torch.zeros(4, 8),
+               "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": torch.zeros(8, 4)}, str(another))
+    for path, what, words in ((truncated, "a truncated adapter", ["truncated.safetensors"]),
+                              (another, "an adapter for another model", ["sdxl.safetensors", "another model"])):
+        expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(model, tmp / "b.h5", ["--lora", str(path)]),
+                               what, words)
+    # A run config listing 10000 adapters (a command line that long would not even start).
+    config = tmp / "many.json"
+    config.write_text(json.dumps({"lora": [{"path": str(lora), "scale": 0.5, "name": f"a{i}"} for i in range(10000)]}))
+    expect_bounded_failure(mpirun(ranks) + [binary] + generate_args(model, tmp / "m.h5", ["--config", str(config)]),
+                           "a run config with 10000 adapters", ["10000 LoRA adapters", "at most 64"])
+
+
 CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,
          "bad-component-map": case_bad_component_map,
          "equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
          "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu,
-         "offload": case_offload}
+         "offload": case_offload, "lora": case_lora}
 
 
 def main():

@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 
 struct Options {
   std::string model, device_map = "pipeline", config;
-  std::vector<std::string> prompts;
+  std::vector<std::string> prompts, lora;
+  std::vector<double> sigmas;
   int steps = 28, ranks = 0;
   int64_t height = 0;
   double guidance = 3.5;
@@ -42,6 +43,8 @@ struct Command {
     cmd->add_option("--seed", o.seed);
     cmd->add_option("--device-map", o.device_map);
     cmd->add_flag("--verbose", o.verbose);
+    cmd->add_option("--lora", o.lora);
+    cmd->add_option("--sigmas", o.sigmas)->delimiter(',');
   }
   // Expands and parses `args` (after the command name) as main does.
   void parse(const std::vector<std::string>& args) {
@@ -100,6 +103,19 @@ TEST_F(RunConfigTest, TheCommandLineOverridesTheFileWholeListsIncluded) {
   EXPECT_EQ(c.o.prompts, std::vector<std::string>{"c"});
   EXPECT_DOUBLE_EQ(c.o.guidance, 1.25);
   EXPECT_EQ(c.o.model, "/m");
+}
+
+TEST_F(RunConfigTest, LoraAdaptersAreObjectsAndSigmasAList) {
+  const auto path = write("lora.json", R"({"model": "/m", "lora": [{"path": "a.safetensors", "scale": 0.7,
+    "name": "style"}, {"path": "b.safetensors"}, "c.safetensors:1.3"], "sigmas": [1.0, 0.5, 0.25]})");
+  Command c;
+  c.parse({"--config", path});
+  EXPECT_EQ(c.o.lora, (std::vector<std::string>{"style=a.safetensors:0.7", "b.safetensors", "c.safetensors:1.3"}));
+  EXPECT_EQ(c.o.sigmas, (std::vector<double>{1.0, 0.5, 0.25}));
+  const auto bad = write("bad.json", R"({"model": "/m", "lora": [{"file": "a.safetensors"}]})");
+  const std::string message = error_of({"--config", bad});
+  EXPECT_NE(message.find("unknown field 'file'"), std::string::npos) << message;
+  EXPECT_NE(message.find("bad.json: key 'lora' item 0"), std::string::npos) << message;
 }
 
 TEST_F(RunConfigTest, ANumberKeepsEveryBit) {

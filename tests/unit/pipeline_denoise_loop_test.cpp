@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <map>
 #include <set>
 
 #include "pipeline/denoise_loop.h"
@@ -100,6 +101,88 @@ TEST(DenoiseLoop, WithoutKeepingTheLatentsEachMicrobatchIsHandedOverAndNothingRe
   for (size_t i = 0; i < dropped.done_rows.size(); ++i) {
     EXPECT_TRUE(at::equal(dropped.done_latents[i], kept.done_latents[i]));
     EXPECT_TRUE(at::equal(dropped.done_latents[i], kept.result.narrow(0, dropped.done_rows[i], dropped.done_latents[i].size(0))));
+  }
+}
+
+// A ring of `depth` stages whose prediction depends on the prompts of the executor microbatch (their mean), so
+// that a pass run with the wrong prompts shows; it answers only once `depth` passes are queued or nothing more
+// can come, as a ring whose stages all work at once.
+class PromptRing : public StageExecutor {
+ public:
+  explicit PromptRing(int depth) : depth_(depth) {}
+  void send_prompts(int64_t microbatch, const at::Tensor& embeds, const at::Tensor&) override {
+    offsets_[microbatch] = embeds.mean().item<double>();
+  }
+  void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override {
+    queue_.push_back({microbatch, step, inputs[0] * 0.5 + offsets_.at(microbatch)});
+    max_queued = std::max(max_queued, queue_.size());
+    inputs_seen.push_back(inputs);
+    submitted.push_back(microbatch);
+  }
+  StepResult wait_result() override {
+    StepResult result = queue_.front();
+    queue_.pop_front();
+    return result;
+  }
+  void release(int64_t microbatch) override { released.push_back(microbatch); }
+  int max_in_flight() const override { return depth_; }
+
+  size_t max_queued = 0;
+  std::vector<int64_t> submitted, released;
+  std::vector<std::vector<at::Tensor>> inputs_seen;
+
+ private:
+  int depth_;
+  std::map<int64_t, double> offsets_;
+  std::deque<StepResult> queue_;
+};
+
+DenoiseJob cfg_job(const schedulers::FlowMatchEulerScheduler& scheduler, int64_t batch) {
+  DenoiseJob job;
+  job.latents = at::arange(batch * 6, at::kFloat).reshape({batch, 3, 2}) / 10;
+  job.prompt_embeds = at::full({batch, 4, 8}, 0.25);
+  job.pooled = at::zeros({batch, 8});
+  job.negative_prompt_embeds = at::full({batch, 4, 8}, -0.5);
+  job.negative_pooled = at::zeros({batch, 8});
+  job.true_cfg_scale = 3.0;
+  job.microbatch_size = 1;
+  job.scheduler = &scheduler;
+  return job;
+}
+
+TEST(DenoiseLoop, TrueCfgRunsBothPassesAtOnceAndStepsOnTheirCombination) {
+  schedulers::FlowMatchEulerScheduler scheduler{schedulers::FlowMatchSchedulerConfig{}};
+  scheduler.set_timesteps(3);
+  const DenoiseJob job = cfg_job(scheduler, 1);
+  PromptRing ring(2);
+  const at::Tensor result = run_denoise_loop(job, ring, {});
+  // One image in a two-stage ring: its prompts pass (0) and negative pass (1) are in flight together.
+  EXPECT_EQ(ring.max_queued, 2u);
+  EXPECT_EQ(ring.submitted, (std::vector<int64_t>{0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(ring.released, (std::vector<int64_t>{0, 1}));
+  // FluxPipeline's step: uncond + scale * (cond - uncond), then Euler.
+  at::Tensor latents = job.latents.clone();
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor cond = latents * 0.5 + 0.25, uncond = latents * 0.5 - 0.5;
+    latents = scheduler.step(uncond + 3.0 * (cond - uncond), step, latents);
+  }
+  EXPECT_TRUE(at::allclose(result, latents, 1e-6, 1e-6)) << result << latents;
+}
+
+TEST(DenoiseLoop, TrueCfgWindowHoldsHalfAsManyMicrobatchesAndAdapterChoicesTravelWithEveryPass) {
+  schedulers::FlowMatchEulerScheduler scheduler{schedulers::FlowMatchSchedulerConfig{}};
+  scheduler.set_timesteps(2);
+  DenoiseJob job = cfg_job(scheduler, 3);
+  job.adapter_choices = at::tensor(std::vector<int64_t>{2, 0, 1});
+  PromptRing ring(2);
+  run_denoise_loop(job, ring, {});
+  // Two passes deep: one microbatch (both of its passes) in the window at a time, the next entering as it leaves.
+  EXPECT_EQ(ring.max_queued, 2u);
+  EXPECT_EQ(ring.submitted, (std::vector<int64_t>{0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5}));
+  for (size_t i = 0; i < ring.submitted.size(); ++i) {
+    ASSERT_EQ(ring.inputs_seen[i].size(), 4u);
+    const int64_t image = ring.submitted[i] / 2;
+    EXPECT_EQ(ring.inputs_seen[i][3].item<int64_t>(), job.adapter_choices[image].item<int64_t>());
   }
 }
 

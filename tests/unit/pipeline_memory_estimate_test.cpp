@@ -39,6 +39,19 @@ TEST(MemoryEstimate, GrowsWithTheRequestAndLatentsSkipTheDecoder) {
   EXPECT_GT(latents_only.transformer_bytes, 1e12);
 }
 
+TEST(MemoryEstimate, CountsTheUnfusedLoraPathAndTrueCfgsSecondPrediction) {
+  const auto flux = models::FluxConfig::flux_dev();
+  MemoryRequest request{2, 1024, 1024, 512, at::kBFloat16};
+  const auto base = estimate_generate_memory(request, flux, nullptr);
+  request.unfused_lora_rank = 64;
+  request.true_cfg = true;
+  const auto both = estimate_generate_memory(request, flux, nullptr);
+  // A block's widest delta and its pre-GELU output (12288 wide each) and the rank-64 intermediate, per token.
+  EXPECT_DOUBLE_EQ(both.unfused_lora_bytes, 2.0 * 4608 * (2 * 12288 + 64) * 2);
+  EXPECT_DOUBLE_EQ(both.latents_bytes, base.latents_bytes * 6 / 4);  // two more copies: cond and uncond
+  EXPECT_DOUBLE_EQ(both.peak_bytes(), base.peak_bytes() + both.unfused_lora_bytes + base.latents_bytes / 2);
+}
+
 TEST(MemoryEstimate, AvailableMemoryOnCpuIsMeasured) {
   const auto available = available_memory(at::Device(at::kCPU));
   EXPECT_GT(available.bytes, 0u);

@@ -22,7 +22,8 @@ at::Tensor ClipTextModel::LayerNorm::operator()(const at::Tensor& x) const {
   return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
 }
 
-ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, at::Device device) {
+ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, at::Device device,
+                                  std::shared_ptr<const LoraSet> lora) {
   DP_CHECK(std::filesystem::is_directory(dir), dir, ": CLIP text encoder folder not found");
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   ClipTextModel model;
@@ -35,7 +36,9 @@ ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, 
   auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
   // transformers 5 dropped the CLIPTextTransformer wrapper and renames "text_model.*" on load.
   const bool prefixed = index->contains("text_model.embeddings.token_embedding.weight");
-  const ModuleWeights root = ModuleWeights(index, dtype, device, prefixed ? "text_model" : "");
+  model.lora_ = LoraBinding::make(std::move(lora), io::LoraComponent::text_encoder);
+  if (model.lora_) model.lora_->set->check_finite(io::LoraComponent::text_encoder, [](const io::LoraModule&) { return true; });
+  const ModuleWeights root = ModuleWeights(index, dtype, device, prefixed ? "text_model" : "").with_lora(model.lora_);
 
   const int64_t d = c.hidden_size;
   model.token_embedding_ = root.get_shaped("embeddings.token_embedding.weight", {c.vocab_size, d});
@@ -58,6 +61,10 @@ ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, 
   }
   model.final_layer_norm_ = LayerNorm::load(root, "final_layer_norm", d, c.layer_norm_eps);
   return model;
+}
+
+void ClipTextModel::select_adapters(const std::vector<int64_t>& choice_per_row) const {
+  if (lora_) lora_->select_rows(choice_per_row);
 }
 
 at::Tensor ClipTextModel::encoder_layer(const EncoderLayer& layer, const at::Tensor& hidden) const {

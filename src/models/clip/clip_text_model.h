@@ -12,6 +12,7 @@
 #include "models/text_encoder_activations.h"
 
 #include "models/clip/clip_config.h"
+#include "models/lora.h"
 
 namespace dp::models {
 
@@ -21,7 +22,11 @@ class ClipTextModel {
   // Reads component_dir/config.json and the weights in component_dir, converted once to dtype on device.
   // Accepts both checkpoint layouts: keys under "text_model." (transformers 4.x, FLUX.1-dev) and without it
   // (transformers 5.x save_pretrained).
-  static ClipTextModel load(const std::string& component_dir, at::ScalarType dtype, at::Device device);
+  // With `lora`, the adapters' text-encoder modules are merged or attached (models/lora.h).
+  static ClipTextModel load(const std::string& component_dir, at::ScalarType dtype, at::Device device,
+                            std::shared_ptr<const LoraSet> lora = nullptr);
+  // Unfused LoRA: which adapter choice of the LoRA set each row of the next forward uses.
+  void select_adapters(const std::vector<int64_t>& choice_per_row) const;
 
   struct Output {
     at::Tensor last_hidden_state;  // (B, S, hidden), after the final layer norm
@@ -59,6 +64,7 @@ class ClipTextModel {
   at::Tensor token_embedding_, position_embedding_;
   std::vector<EncoderLayer> layers_;
   LayerNorm final_layer_norm_;
+  std::shared_ptr<const LoraBinding> lora_;
 };
 
 }  // namespace dp::models

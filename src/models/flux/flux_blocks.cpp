@@ -26,18 +26,11 @@ at::Tensor joined(const at::Tensor& text, const at::Tensor& image) {
   return at::cat({text, image}, 1);
 }
 
-Linear concat(const std::vector<Linear>& parts) {
-  std::vector<at::Tensor> weights, biases;
-  for (const auto& p : parts) {
-    weights.push_back(p.weight);
-    biases.push_back(p.bias);
-  }
-  return {at::cat(weights, 0), at::cat(biases, 0)};
-}
+Linear concat(const std::vector<Linear>& parts) { return Linear::concat(parts); }
 
 at::Tensor map_tensor(const TensorMap& f, const at::Tensor& t) { return t.defined() ? f(t) : t; }
 
-Linear map_linear(const TensorMap& f, const Linear& l) { return {map_tensor(f, l.weight), map_tensor(f, l.bias)}; }
+Linear map_linear(const TensorMap& f, const Linear& l) { return l.map(f); }
 
 uint64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.nbytes() : 0; }
 

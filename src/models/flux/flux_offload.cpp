@@ -139,9 +139,10 @@ OffloadedBlocks::OffloadedBlocks(const ModuleWeights& root, const FluxConfig& co
                                  std::map<int64_t, OffloadedWeights> blocks)
     : root_(root), config_(config), target_(make_target(root.device())), blocks_(std::move(blocks)) {
   stats_.blocks = static_cast<int64_t>(blocks_.size());
-  // pinned_host: built once on the host through the same loader as a resident block, then kept as the target
-  // keeps it (pinned for a GPU).
-  const ModuleWeights host_root(root_.index_ptr(), root_.dtype(), at::kCPU, root_.prefix());
+  // pinned_host: built once on the host through the same loader as a resident block (adapters merged or attached
+  // as for a resident block), then kept as the target keeps it (pinned for a GPU).
+  const ModuleWeights host_root =
+      ModuleWeights(root_.index_ptr(), root_.dtype(), at::kCPU, root_.prefix()).with_lora(root_.lora());
   const flux::TensorMap keep = [this](const at::Tensor& t) { return target_->keep(t); };
   const bool pinned = root_.device().is_cuda();
   for (const auto& [block, where] : blocks_) {

@@ -10,15 +10,16 @@
 namespace dp::models {
 
 FluxTransformer FluxTransformer::load(const std::string& component_dir, at::ScalarType dtype, at::Device device,
-                                      FluxParts parts) {
+                                      FluxParts parts, std::shared_ptr<const LoraSet> lora) {
   const std::string config_path = (std::filesystem::path(component_dir) / "config.json").string();
   const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(component_dir));
-  return load(std::move(weights), config, dtype, device, parts);
+  return load(std::move(weights), config, dtype, device, parts, std::move(lora));
 }
 
 FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> weights, const FluxConfig& config,
-                                      at::ScalarType dtype, at::Device device, FluxParts parts) {
+                                      at::ScalarType dtype, at::Device device, FluxParts parts,
+                                      std::shared_ptr<const LoraSet> lora) {
   if (parts.last_block < 0) parts.last_block = config.num_blocks();
   DP_CHECK(parts.first_block >= 0 && parts.first_block <= parts.last_block && parts.last_block <= config.num_blocks(),
            "block range [", parts.first_block, ", ", parts.last_block, ") is outside the model's ", config.num_blocks(),
@@ -28,7 +29,8 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
   model.parts_ = parts;
   model.dtype_ = dtype;
   model.device_ = device;
-  const ModuleWeights root(std::move(weights), dtype, device);
+  model.lora_ = LoraBinding::make(std::move(lora), io::LoraComponent::transformer);
+  const ModuleWeights root = ModuleWeights(std::move(weights), dtype, device).with_lora(model.lora_);
   const int64_t dim = config.inner_dim();
   if (parts.embedders) {
     model.x_embedder_ = Linear::load(root, "x_embedder", config.in_channels, dim);
@@ -138,6 +140,10 @@ at::Tensor FluxTransformer::head(const FluxActivations& state) const {
   const auto mod = norm_out_(at::silu(state.temb).to(dtype_)).chunk(2, 1);  // AdaLayerNormContinuous: scale, shift
   const at::Tensor normed = flux::layer_norm_modulate(state.image, mod[1], mod[0]);
   return proj_out_(normed);
+}
+
+void FluxTransformer::select_adapters(const std::vector<int64_t>& choice_per_row) const {
+  if (lora_) lora_->select_rows(choice_per_row);
 }
 
 OffloadStats FluxTransformer::offload_stats() const { return offloaded_ ? offloaded_->stats() : OffloadStats{}; }

@@ -14,6 +14,7 @@
 #include "models/flux/flux_blocks.h"
 #include "models/flux/flux_config.h"
 #include "models/flux/flux_offload.h"
+#include "models/lora.h"
 
 namespace dp::models {
 
@@ -51,11 +52,13 @@ struct FluxParts {
 
 class FluxTransformer {
  public:
-  // Loads from a component folder (config.json + weights). Only tensors of the requested parts are read.
+  // Loads from a component folder (config.json + weights). Only tensors of the requested parts are read, and
+  // only their LoRA factors when `lora` is given (merged or attached as its mode says, models/lora.h).
   static FluxTransformer load(const std::string& component_dir, at::ScalarType dtype, at::Device device,
-                              FluxParts parts = FluxParts::all());
+                              FluxParts parts = FluxParts::all(), std::shared_ptr<const LoraSet> lora = nullptr);
   static FluxTransformer load(std::shared_ptr<const io::WeightIndex> weights, const FluxConfig& config,
-                              at::ScalarType dtype, at::Device device, FluxParts parts = FluxParts::all());
+                              at::ScalarType dtype, at::Device device, FluxParts parts = FluxParts::all(),
+                              std::shared_ptr<const LoraSet> lora = nullptr);
 
   const FluxConfig& config() const { return config_; }
   const FluxParts& parts() const { return parts_; }
@@ -74,6 +77,10 @@ class FluxTransformer {
   void run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first, int64_t last,
                   const flux::SequenceShard* shard = nullptr) const;
   at::Tensor head(const FluxActivations& state) const;
+  // Unfused LoRA: which of the LoRA set's adapter choices each row of the next forward uses (one index per
+  // batch row); without a call every row uses the default. No effect without unfused adapters.
+  void select_adapters(const std::vector<int64_t>& choice_per_row) const;
+  bool has_unfused_adapters() const { return lora_ && lora_->rows; }
   // Copies of offloaded blocks so far; empty (all zero) when none are streamed.
   OffloadStats offload_stats() const;
   // Whole model; requires all parts.
@@ -93,6 +100,7 @@ class FluxTransformer {
   // Streamed (offloaded) blocks; their entries in double_blocks_ / single_blocks_ hold no weights.
   std::shared_ptr<OffloadedBlocks> offloaded_;
   Linear norm_out_, proj_out_;
+  std::shared_ptr<const LoraBinding> lora_;
 };
 
 }  // namespace dp::models
