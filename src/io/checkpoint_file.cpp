@@ -309,8 +309,8 @@ Checkpoint read_checkpoint(const std::string& path) {
     c.run.lora = r.text("lora");
     if (r.has("negative_prompts")) {
       c.run.negative_prompts = r.strings("negative_prompts");
-      DP_CHECK(c.run.negative_prompts.size() == 1 || static_cast<int64_t>(c.run.negative_prompts.size()) == prompts, path,
-               ": ", c.run.negative_prompts.size(), " negative prompts for ", prompts, " prompts");
+      DP_CHECK(c.run.negative_prompts.size() == 1 || c.run.negative_prompts.size() == c.run.prompts.size(), path,
+               ": ", c.run.negative_prompts.size(), " negative prompts for ", c.run.prompts.size(), " prompts");
     }
     if (r.has("negative_prompt_embeds")) {
       c.negative_prompt_embeds = r.tensor("negative_prompt_embeds", 3);

@@ -302,7 +302,7 @@ at::Tensor FluxPipeline::denoise(const GenerateRequest& request, const LatentGri
   auto stage = timer.loading("transformer load", [&] {
     return std::make_shared<FluxStage>(folder_.component("transformer").path, 0, -1, request.dtype, request.device,
                                        grid, prompts.prompt_embeds.size(1), std::map<int64_t, models::OffloadedWeights>{},
-                                       request.lora);
+                                       models::flux::SequenceShard{}, request.lora);
   });
   LocalExecutor executor(stage);
   // The whole batch at once, as FluxPipeline runs it.

@@ -173,9 +173,9 @@ TEST(Lora, AStageFindsANanInItsOwnBlocksBeforeLoadingAndOnlyThere) {
   const auto set = lora_set({write_adapter(dir, 8, "transformer_blocks.1.ff.net.0.proj")}, LoraMode::fused, {{1.0}});
   const pipeline::LatentGrid grid{8, 8, 8};
   // Blocks [0, 1) do not read block 1's factors.
-  pipeline::FluxStage first(transformer_dir(), 0, 1, at::kFloat, at::kCPU, grid, 6, {}, set);
+  pipeline::FluxStage first(transformer_dir(), 0, 1, at::kFloat, at::kCPU, grid, 6, {}, {}, set);
   try {
-    pipeline::FluxStage second(transformer_dir(), 1, 2, at::kFloat, at::kCPU, grid, 6, {}, set);
+    pipeline::FluxStage second(transformer_dir(), 1, 2, at::kFloat, at::kCPU, grid, 6, {}, {}, set);
     FAIL() << "a NaN factor was loaded";
   } catch (const dp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("transformer.transformer_blocks.1.ff.net.0.proj.lora_B.weight"), std::string::npos)
