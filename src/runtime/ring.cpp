@@ -148,7 +148,9 @@ pipeline::StepResult RingExecutor::wait_result() {
     DP_CHECK(shards[k].microbatch == shards[0].microbatch && shards[k].step == shards[0].step, "rank 0: token shard ",
              k, " of the noise prediction (from rank ", last[k], ") is of microbatch ", shards[k].microbatch, " step ",
              shards[k].step, ", shard 0 of microbatch ", shards[0].microbatch, " step ", shards[0].step);
-    parts.push_back(std::move(shards[k].noise_pred));
+    // Shards that came over the MPI transport arrive in host memory, rank 0's own on its device: join them on
+    // the device of shard 0 (the loop moves the whole to the latents' device anyway).
+    parts.push_back(shards[k].noise_pred.to(shards[0].noise_pred.device()));
   }
   return {shards[0].microbatch, shards[0].step, at::cat(parts, 1)};
 }

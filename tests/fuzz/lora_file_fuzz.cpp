@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "fuzz_verdict.h"
 #include "io/lora_file.h"
 #include "models/lora_check.h"
 
@@ -64,6 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     file = dp::io::parse_lora_image(image, "fuzz.safetensors");
     dp::models::fit_lora_to_model(file, flux_config, &clip_config);
   } catch (const dp::Error&) {
+    dp::fuzz::note_rejected();
     return 0;
   }
   const auto header = dp::io::parse_safetensors_image(image, "fuzz.safetensors");
@@ -82,5 +84,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (m.component == dp::io::LoraComponent::transformer)
       FUZZ_REQUIRE(m.block < flux_config.num_blocks(), m.module);
   }
+  dp::fuzz::note_accepted();
   return 0;
 }

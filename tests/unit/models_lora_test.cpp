@@ -183,27 +183,34 @@ TEST(Lora, AStageFindsANanInItsOwnBlocksBeforeLoadingAndOnlyThere) {
   }
 }
 
-// On a GPU the unfused path leaves the fused GELU epilogue for adapted projections: both modes must still
-// compute what the CPU computes in fp32, to bf16's tolerance (the pipeline oracle's).
+// On a GPU the unfused path leaves the fused GELU epilogue for adapted projections: both modes must compute what
+// the CPU computes in the same dtype. bf16 against fp32 is no measure here: on this tiny random model the two
+// differ by about 0.19 of the output's scale with no adapter at all (diffusers' own bf16 and fp32 forwards do).
+// So the reference is the CPU in bf16 with the same adapters and mode, the tolerance the bf16 oracle's (eight bf16
+// ulps), and the adapters' own effect must be far larger than that, so a path that dropped them would fail.
 TEST(LoraCuda, FusedAndUnfusedMatchTheCpuInBf16) {
   DP_TEST_NEED_CUDA();
   c10::InferenceMode guard;
   const auto dir = dp::test::temp_dir("lora-cuda");
   const std::vector<std::string> paths = {write_adapter(dir, 9), write_adapter(dir, 10)};
-  const auto reference = FluxTransformer::load(transformer_dir(), at::kFloat, at::kCPU, FluxParts::all(),
-                                               lora_set(paths, LoraMode::fused, {{0.7, 1.3}}))
-                             .forward(inputs(2));
+  FluxInputs in = inputs(2);
+  for (at::Tensor* t : {&in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections})
+    *t = t->to(at::kBFloat16);
+  const auto forward = [&](at::Device device, std::shared_ptr<const LoraSet> set) {
+    return FluxTransformer::load(transformer_dir(), at::kBFloat16, device, FluxParts::all(), std::move(set))
+        .forward(in)
+        .to(at::kCPU, at::kFloat);
+  };
+  const at::Tensor without = forward(at::kCPU, nullptr);
   for (const LoraMode mode : {LoraMode::fused, LoraMode::unfused}) {
-    FluxInputs in = inputs(2);
-    for (at::Tensor* t : {&in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections})
-      *t = t->to(at::kBFloat16);
-    const auto out = FluxTransformer::load(transformer_dir(), at::kBFloat16, at::kCUDA, FluxParts::all(),
-                                           lora_set(paths, mode, {{0.7, 1.3}}))
-                         .forward(in)
-                         .to(at::kCPU, at::kFloat);
+    const at::Tensor reference = forward(at::kCPU, lora_set(paths, mode, {{0.7, 1.3}}));
+    const at::Tensor out = forward(at::kCUDA, lora_set(paths, mode, {{0.7, 1.3}}));
     const double error = relative_error(out, reference);
-    std::cout << lora_mode_name(mode) << " on CUDA, bf16: relative error " << error << " against the CPU in fp32\n";
-    EXPECT_LT(error, 1.6e-2) << lora_mode_name(mode);
+    const double effect = relative_error(without, reference);
+    std::cout << lora_mode_name(mode) << " on CUDA, bf16: relative error " << error
+              << " against the CPU in bf16; the adapters change the output by " << effect << "\n";
+    EXPECT_LT(error, 3.2e-2) << lora_mode_name(mode);
+    EXPECT_GT(effect, 10 * 3.2e-2) << lora_mode_name(mode) << ": the adapters must change the output clearly";
   }
 }
 
