@@ -253,6 +253,23 @@ Checkpoint read_header(const Reader& r) {
   for (size_t i = 0; i < c.image_steps.size(); ++i)
     DP_CHECK(c.image_steps[i] >= 0 && c.image_steps[i] <= c.run.steps, path, ": image ", i, " is at step ",
              c.image_steps[i], " of ", c.run.steps);
+  // The options of format version 3 belong to the request: read before its fingerprint is computed.
+  if (c.format_version >= 3) {
+    c.run.true_cfg_scale = r.number("true_cfg_scale");
+    c.run.initial_latents = r.text("initial_latents");
+    c.run.lora = r.text("lora");
+    if (r.has("negative_prompts")) {
+      c.run.negative_prompts = r.strings("negative_prompts");
+      DP_CHECK(c.run.negative_prompts.size() == 1 || c.run.negative_prompts.size() == c.run.prompts.size(), path,
+               ": ", c.run.negative_prompts.size(), " negative prompts for ", c.run.prompts.size(), " prompts");
+    }
+    if (r.has("custom_sigmas")) {
+      std::vector<int64_t> sigma_shape;
+      c.run.custom_sigmas = as_vector<double>(r.read("custom_sigmas", 1, H5T_FLOAT, 8, H5T_NATIVE_DOUBLE, sigma_shape));
+      DP_CHECK(sigma_shape[0] == c.run.steps, path, ": 'custom_sigmas' has ", sigma_shape[0], " values for ",
+               c.run.steps, " steps");
+    }
+  }
   // The run's identity: stored since format version 2; a version 1 file has no run id, and its request
   // fingerprint follows from the attributes read above.
   c.request_fingerprint = request_fingerprint(c.run);
@@ -304,14 +321,6 @@ Checkpoint read_checkpoint(const std::string& path) {
            shape_text(c.prompt_embeds.shape), " does not have max_sequence_length ", c.run.max_sequence_length,
            " tokens");
   if (c.format_version >= 3) {
-    c.run.true_cfg_scale = r.number("true_cfg_scale");
-    c.run.initial_latents = r.text("initial_latents");
-    c.run.lora = r.text("lora");
-    if (r.has("negative_prompts")) {
-      c.run.negative_prompts = r.strings("negative_prompts");
-      DP_CHECK(c.run.negative_prompts.size() == 1 || c.run.negative_prompts.size() == c.run.prompts.size(), path,
-               ": ", c.run.negative_prompts.size(), " negative prompts for ", c.run.prompts.size(), " prompts");
-    }
     if (r.has("negative_prompt_embeds")) {
       c.negative_prompt_embeds = r.tensor("negative_prompt_embeds", 3);
       c.negative_pooled = r.tensor("negative_pooled_prompt_embeds", 2);
@@ -323,10 +332,6 @@ Checkpoint read_checkpoint(const std::string& path) {
     }
     DP_CHECK(c.run.negative_prompts.empty() == (c.negative_prompt_embeds.nbytes == 0), path,
              ": negative prompts and their embeddings must be stored together");
-    if (r.has("custom_sigmas")) {
-      c.run.custom_sigmas = as_vector<double>(r.read("custom_sigmas", 1, H5T_FLOAT, 8, H5T_NATIVE_DOUBLE, shape));
-      DP_CHECK(shape[0] == c.run.steps, path, ": 'custom_sigmas' has ", shape[0], " values for ", c.run.steps, " steps");
-    }
   }
   const std::string stored_digest = r.text("content_digest");
   const std::string actual_digest = content_digest(c);

@@ -99,6 +99,34 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// A run with negative prompts, custom sigmas, initial latents and adapters writes format version 3; its header
+// (what --resume DIR lists) carries those options too, so its request fingerprint checks out, and differs from
+// the same run without them.
+TEST(Checkpoint, VersionThreeOptionsBelongToTheRequest) {
+  const auto dir = dp::test::temp_dir("ckpt-v3");
+  Checkpoint c = sample(3);
+  const Checkpoint plain = c;
+  c.run.negative_prompts = {"blurry"};
+  c.run.true_cfg_scale = 2.0;
+  c.run.custom_sigmas = {1.0, 0.8, 0.6, 0.4, 0.2, 0.1};
+  c.run.initial_latents = "start.h5 0123";
+  c.run.lora = R"({"mode":"fused"})";
+  c.negative_prompt_embeds = RawTensor::owning("bf16", {4, 8, 32}, pattern(4 * 8 * 32 * 2, 7));
+  c.negative_pooled = RawTensor::owning("bf16", {4, 16}, pattern(4 * 16 * 2, 8));
+  write_checkpoint(dir + "/v3.h5", c);
+  const Checkpoint header = read_checkpoint_header(dir + "/v3.h5");
+  EXPECT_EQ(header.format_version, 3);
+  EXPECT_EQ(header.run.custom_sigmas, c.run.custom_sigmas);
+  EXPECT_EQ(header.run.negative_prompts, c.run.negative_prompts);
+  EXPECT_EQ(header.request_fingerprint, request_fingerprint(c.run));
+  EXPECT_NE(header.request_fingerprint, request_fingerprint(plain.run));
+  const Checkpoint back = read_checkpoint(dir + "/v3.h5");
+  EXPECT_TRUE(same_bytes(back.negative_prompt_embeds, c.negative_prompt_embeds));
+  EXPECT_EQ(back.run.lora, c.run.lora);
+  write_checkpoint(dir + "/v2.h5", plain);
+  EXPECT_EQ(read_checkpoint_header(dir + "/v2.h5").format_version, 2);
+}
+
 TEST(Checkpoint, RoundTripsEveryField) {
   const auto dir = dp::test::temp_dir("ckpt");
   for (const char* dtype : {"fp32", "bf16", "fp16"}) {

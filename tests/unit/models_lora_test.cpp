@@ -187,7 +187,8 @@ TEST(Lora, AStageFindsANanInItsOwnBlocksBeforeLoadingAndOnlyThere) {
 // the CPU computes in the same dtype. bf16 against fp32 is no measure here: on this tiny random model the two
 // differ by about 0.19 of the output's scale with no adapter at all (diffusers' own bf16 and fp32 forwards do).
 // So the reference is the CPU in bf16 with the same adapters and mode, the tolerance the bf16 oracle's (eight bf16
-// ulps), and the adapters' own effect must be far larger than that, so a path that dropped them would fail.
+// ulps), and the adapters' own effect must be several times the GPU's difference, so a path that dropped them
+// (whose difference would be the effect itself) fails.
 TEST(LoraCuda, FusedAndUnfusedMatchTheCpuInBf16) {
   DP_TEST_NEED_CUDA();
   c10::InferenceMode guard;
@@ -210,7 +211,7 @@ TEST(LoraCuda, FusedAndUnfusedMatchTheCpuInBf16) {
     std::cout << lora_mode_name(mode) << " on CUDA, bf16: relative error " << error
               << " against the CPU in bf16; the adapters change the output by " << effect << "\n";
     EXPECT_LT(error, 3.2e-2) << lora_mode_name(mode);
-    EXPECT_GT(effect, 10 * 3.2e-2) << lora_mode_name(mode) << ": the adapters must change the output clearly";
+    EXPECT_GT(effect, 3 * error) << lora_mode_name(mode) << ": the adapters must change the output more than the GPU does";
   }
 }
 
