@@ -204,7 +204,7 @@ case_out_dir() {  # name script config expected-name(JOBID replaced) sbatch-opti
     failed "$name: no $expected in OUT_DIR ($(find "$out" -maxdepth 1 | tr '\n' ' '))"
   elif [ -n "$(find "$submit" -mindepth 1)" ]; then
     failed "$name: the job wrote into the submit folder: $(find "$submit" -mindepth 1 | tr '\n' ' ')"
-  elif ! cmp -s <(latents_of "$tmp/reference.h5") <(latents_of "$out/$expected"); then
+  elif ! same_latents "$tmp/reference.h5" "$out/$expected"; then
     failed "$name: the job's latents differ from one process"
   else
     pass "$name: job $job wrote OUT_DIR/$expected (OUT_DIR with a space), nothing in the submit folder"

@@ -1,5 +1,7 @@
 #include "runtime/stop_request.h"
 
+#include <ctime>
+
 #include <mpi.h>
 #include <signal.h>
 
@@ -15,16 +17,28 @@ namespace {
 constexpr int kStopTag = 3;
 
 volatile sig_atomic_t g_stop_signal = 0;
+// When the first signal came (CLOCK_MONOTONIC, whole seconds and nanoseconds: clock_gettime is
+// async-signal-safe). One signal often arrives twice within moments: `scancel --signal=USR1 --batch` reaches the
+// batch shell and its children, srun among them, and the shell's trap forwards it to srun again, which passes both
+// to every task. Copies within kDuplicateSeconds are the same request; a later one is the user insisting.
+constexpr double kDuplicateSeconds = 2.0;
+timespec g_first_signal_at{};
 bool g_forwarded = false;
 StopRequest g_first_request;  // coordinator: the request acted on
 
 void on_stop_signal(int signal_number) {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
   if (g_stop_signal != 0) {
-    // A second signal: the user (or the batch system) insists. Die of it as without the handler.
+    const double since_first = static_cast<double>(now.tv_sec - g_first_signal_at.tv_sec) +
+                               static_cast<double>(now.tv_nsec - g_first_signal_at.tv_nsec) * 1e-9;
+    if (since_first < kDuplicateSeconds) return;  // another copy of the same request
+    // A second signal later on: the user (or the batch system) insists. Die of it as without the handler.
     ::signal(signal_number, SIG_DFL);
     ::raise(signal_number);
     return;
   }
+  g_first_signal_at = now;
   g_stop_signal = signal_number;
 }
 

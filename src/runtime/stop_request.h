@@ -4,7 +4,8 @@
 // forwarded by mpirun, or sent by SLURM to every task, does not kill a stage); a rank other than 0 passes its
 // request on to the coordinator from its wait loops (MPI may only be called there: the world is initialised
 // MPI_THREAD_FUNNELED), and the coordinator looks for its own signal and the others' requests at each step
-// boundary. A second signal to a process ends it at once, as without the handlers.
+// boundary. A second signal to a process ends it at once, as without the handlers, unless it comes within 2 s of
+// the first: batch systems often deliver one signal by two paths (stop_request.cpp says which).
 #include <string>
 
 namespace dp::runtime {

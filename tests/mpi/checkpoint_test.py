@@ -10,6 +10,8 @@ Cases:
   signal-worker   as signal, with SIGTERM and then (another run) SIGUSR1 sent to the last rank's process only
                   (N ranks): every rank exits 75 with the checkpoint written (a worker's signal used to be
                   swallowed: no checkpoint, exit 0).
+  signal-twice    two copies of SIGUSR1 to every rank 50 ms apart (SLURM's batch signal forwarded by the job
+                  script): one stop request, every rank exits 75 with the checkpoint (the copy used to kill them).
   sigterm         as signal with SIGTERM (1 rank).
   killed          --checkpoint-every 1; at step k a rank is killed with SIGKILL; the job ends non-zero, and
                   --resume DIR (its newest checkpoint, step k) gives the bit-identical result.
@@ -133,7 +135,18 @@ def stop_by_signal(binary, model, tmp, ranks, k, sig, target):
     command = launcher(ranks) + [binary] + args_for(model, out, ["--checkpoint-dir", str(ckdir)])
 
     def send(job):
-        if target in ("rank0", "worker") and ranks > 1:
+        if target == "every-rank-twice":
+            # What SLURM does with `scancel --signal=USR1 --batch` and a batch shell that forwards it: srun gets
+            # the signal twice and passes both copies to every task.
+            pids = [pid for rank in range(ranks) for pid in rank_pids(rank, str(ckdir))] if ranks > 1 else [job.pid]
+            if len(pids) < ranks:
+                job.kill()
+                fail(f"found {len(pids)} rank process(es) of {ranks}")
+            for _ in range(2):
+                for pid in pids:
+                    os.kill(pid, sig)
+                time.sleep(0.05)
+        elif target in ("rank0", "worker") and ranks > 1:
             rank = 0 if target == "rank0" else ranks - 1
             pids = rank_pids(rank, str(ckdir))
             if not pids:
@@ -176,6 +189,11 @@ def case_signal_worker(binary, model, tmp, ranks, at):
         fail("signal-worker needs several ranks")
     stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGTERM, "worker")
     stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "worker")
+
+
+def case_signal_twice(binary, model, tmp, ranks, at):
+    """Two copies of SIGUSR1 to every rank, 50 ms apart: one stop request, not a kill."""
+    stop_by_signal(binary, model, tmp, ranks, STEP_OF[at], signal.SIGUSR1, "every-rank-twice")
 
 
 def case_sigterm(binary, model, tmp, ranks, at):
@@ -474,6 +492,7 @@ def case_extras(binary, model, tmp, ranks, at):
 
 
 CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "signal-worker": case_signal_worker,
+         "signal-twice": case_signal_twice,
          "sigterm": case_sigterm, "killed": case_killed, "world-size": case_world_size, "mesh": case_mesh,
          "refused": case_refused, "layout": case_layout, "embeddings": case_embeddings, "shared-dir": case_shared_dir,
          "extras": case_extras}
