@@ -32,13 +32,16 @@ T5Encoder T5Encoder::load(const std::string& dir, at::ScalarType dtype, at::Devi
   model.activation_ = text_encoder_activation(c.dense_act_fn, config_path);
 
   auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
-  const ModuleWeights root(index, dtype, device);
-  const std::string embed_key = root.has("shared.weight") ? "shared.weight" : "encoder.embed_tokens.weight";
+  const bool shared = index->contains("shared.weight");
+  const std::string embed_key = shared ? "shared.weight" : "encoder.embed_tokens.weight";
+  const std::string unused_embed_key = shared ? "encoder.embed_tokens.weight" : "shared.weight";
+  const ModuleWeights root =
+      ModuleWeights(index, dtype, device).read_ahead([&](const std::string& name) { return name != unused_embed_key; });
   model.embed_tokens_ = root.get_shaped(embed_key, {c.vocab_size, c.d_model});
 
   // transformers keeps "wo" in fp32 when asked for fp16 (not for bf16): fp16 overflows there in T5 v1.1.
   const at::ScalarType wo_dtype = dtype == at::kHalf ? at::kFloat : dtype;
-  const ModuleWeights wo_root(index, wo_dtype, device);
+  const ModuleWeights wo_root = root.with_dtype(wo_dtype);
   const int64_t d = c.d_model, inner = c.inner_dim();
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string prefix = "encoder.block." + std::to_string(i) + ".layer";
