@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,6 +102,7 @@ def run_diffusers_process(args, work: pathlib.Path) -> dict:
         raise SystemExit(f"diffusers run failed ({done.returncode}); log: {log_path}")
     theirs = json.loads(child_json.read_text())["diffusers"]
     theirs["process_wall_seconds"] = wall
+    shutil.copyfile(work / "diffusers-child-files" / "diffusers.png", work / "diffusers.png")
     return theirs
 
 
