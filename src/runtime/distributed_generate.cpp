@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "io/parallel_load.h"
 #include "pipeline/device_stats.h"
+#include "pipeline/encoder_warm_up.h"
 #include "runtime/agree_phase.h"
 #include "runtime/decode_phase.h"
 #include "runtime/encode_phase.h"
@@ -90,6 +91,7 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   io::LoadPolicy load_policy = io::load_policy();
   load_policy.bounded_memory = !options.max_memory.empty();
   io::set_load_policy(load_policy);
+  pipeline::set_encoder_warm_up(options.warm_up && options.max_memory.empty());
   if (run.world.uses_mpi()) run.transport = make_transport(run.transport_name, run.layout(), run.world, run.device, options);
   if (run.layout().sequence_parallel() > 1) run.exchange = std::make_unique<GroupExchange>(*run.transport);
   start_load_overlap(run);
