@@ -1,62 +1,114 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: the whole FLUX.1-dev pipeline at full size with random weights (T5-XXL + CLIP
-# encode, 28 steps at 1024x1024, VAE decode, bf16), `diffpipe generate` against diffusers' FluxPipeline on
-# the same folder, time and peak memory per phase. Results (JSON, logs, both images) go to $OUT.
+# One call on the GPU machine (one H200, about 8 minutes with the build; BUDGET_S bounds it, default 470 s): the
+# whole FLUX.1-dev pipeline at full size with random weights (T5-XXL + CLIP encode, 28 steps at 1024x1024, VAE
+# decode, bf16), `diffpipe generate` against diffusers' FluxPipeline on the same folder. Prints, in this order
+# of priority (a step that would not finish inside the budget is skipped and says so):
+#   1. process wall (command start to PNG on disk) of both sides, diffusers' in-script phases, diffpipe's loading
+#      rate per component with the page-cache state, first-step ratio, steady step, peak memory, PSNR, and
+#      issue 25's "Done when" table against its targets;
+#   2. diffpipe again with --load-overlap off (the staged order: its peak memory and wall beside the overlap's);
+#   3. the CUDA tests of the parallel loader (pinned staging against load_tensor, bit for bit);
+#   4. the tiny pipeline's CUDA oracle tests (pipeline_flux_test *Cuda*, against diffusers on the CPU).
+# $OUT receives at most 8 files (what a device call returns): summary.txt (this output), pipeline-all.json and
+# pipeline-staged.json (every figure), both images, and logs.tar.gz (every log and report).
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
 #   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
-# The folder (33.7 GB) is written once per machine with `make-random --pipeline`.
+# The folder (33.7 GB) is written once per machine with `make-random --pipeline` (so its files are in the page
+# cache when the benchmark reads them; the load rows say how much was).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/build-gpu/out}
-mkdir -p "$out"
+build="$here/build-gpu"
+budget=${BUDGET_S:-470}
+work=/tmp/gpu_pipeline  # everything written here; $OUT gets the summary, the JSON results, the images, the logs
+rm -rf "$work"
+mkdir -p "$out" "$work"
+exec > >(tee "$out/summary.txt") 2>&1
+pack() {
+  cp "$work"/pipeline-*.json "$out/" 2>/dev/null
+  cp "$work/pipeline-all-files/diffpipe.png" "$work/pipeline-all-files/diffusers.png" "$out/" 2>/dev/null
+  tar czf "$out/logs.tar.gz" -C "$work" --exclude='*.png' --exclude='*.safetensors' . 2>/dev/null || true
+}
+trap pack EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 started=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - started) )); }
 elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
+# A command killed when the budget ends, so that one hang cannot take the rest.
+bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
+# enough SECONDS: whether that much of the budget is left (prints why not).
+enough() { [ "$(left)" -ge "$1" ] || { elapsed "skipped: $(left) s left of the budget, needs about $1"; return 1; }; }
 source "$here/bench/gpu_python_env.sh"
 install_carried_wheels "$here"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > "$out/build.log" 2>&1
-cat "$out/build.log"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > "$work/build.log" 2>&1
+cat "$work/build.log"
 TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-cmake -S "$here" -B "$here/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
-  -DDIFFPIPE_PYTHON="$(command -v python3)" >> "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-ninja -C "$here/build-gpu" diffpipe_cli pipeline_flux_test >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-elapsed "built diffpipe_cli and pipeline_flux_test"
-# The tiny pipeline on CUDA against the CPU oracle first. A failure is reported and makes the script fail
-# at the end, but the benchmark still runs: device time is scarce.
-ref="$here/build-gpu/reference"
-tests_status=0
-if python3 "$here/tests/reference/generate_all.py" --out "$ref" --only pipeline > "$out/oracle.log" 2>&1; then
-  DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
-    "$here/build-gpu/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' > "$out/cuda_pipeline_tests.log" 2>&1
-  tests_status=$?
-  grep -E "relative|PSNR|OK \]|FAILED|PASSED" "$out/cuda_pipeline_tests.log" | head -20
-  [ "$tests_status" = 0 ] || tail -30 "$out/cuda_pipeline_tests.log"
-else
-  tests_status=1
-  echo "oracle generation failed:"; tail -20 "$out/oracle.log"
-fi
-elapsed "CUDA pipeline oracle tests (exit $tests_status)"
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_PYTHON="$(command -v python3)" >> "$work/build.log" 2>&1 \
+  || { tail -30 "$work/build.log"; exit 1; }
+bounded ninja -C "$build" diffpipe_cli pipeline_flux_test io_parallel_load_test >> "$work/build.log" 2>&1 \
+  || { grep -E "error|FAILED" "$work/build.log" | head -20; tail -20 "$work/build.log"; exit 1; }
+elapsed "built diffpipe_cli, pipeline_flux_test and io_parallel_load_test"
 
 model=${MODEL:-/tmp/flux-dev-pipeline}
 if [ ! -f "$model/model_index.json" ]; then  # model_index.json is written last: its presence means complete
-  "$here/build-gpu/diffpipe" make-random --pipeline --arch flux-dev --dtype bf16 --force --out "$model" 2>&1 \
-    | grep -v "\[info\]" | tee "$out/make.log"
+  bounded "$build/diffpipe" make-random --pipeline --arch flux-dev --dtype bf16 --force --out "$model" 2>&1 \
+    | grep -v "\[info\]" | tee "$work/make.log"
   [ -f "$model/model_index.json" ] || { echo "make-random --pipeline failed"; exit 1; }
   elapsed "wrote $model"
 fi
+free -g | head -2
 
 side=${PIPE_SIDE:-all}
-python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$here/build-gpu/diffpipe" --model "$model" \
-  --json "$out/pipeline-$side.json" ${PIPE_SIDE:+--only $PIPE_SIDE} "$@" 2>&1 | tee "$out/pipeline-$side.log"
-status=${PIPESTATUS[0]}
-elapsed "benchmark finished (exit $status)"
-if [ "${PROFILE:-0}" = 1 ]; then
-  ncu --clock-control none --csv --metrics gpu__time_duration.sum "$here/build-gpu/diffpipe" forward --model "$model" \
+status=1
+if enough 90; then
+  bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
+    --json "$work/pipeline-$side.json" ${PIPE_SIDE:+--only $PIPE_SIDE} "$@" 2>&1 | tee "$work/pipeline-$side.log"
+  status=${PIPESTATUS[0]}
+  elapsed "benchmark finished (exit $status)"
+fi
+
+if [ "$side" != diffusers ] && enough 45; then
+  bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
+    --json "$work/pipeline-staged.json" --only diffpipe --diffpipe-args "--load-overlap off" "$@" 2>&1 \
+    | tee "$work/pipeline-staged.log" | grep -E "process wall|Done when|^one image|first step|steady|peak|loading"
+  elapsed "staged order (--load-overlap off) finished"
+fi
+
+tests_status=0
+if enough 30; then
+  DIFFPIPE_REQUIRE_CUDA=1 bounded "$build/tests/unit/io_parallel_load_test" > "$work/cuda_load_tests.log" 2>&1
+  load_status=$?
+  grep -E "OK \]|FAILED|PASSED" "$work/cuda_load_tests.log" | head -12
+  [ "$load_status" = 0 ] || { tail -30 "$work/cuda_load_tests.log"; tests_status=1; }
+  elapsed "parallel loader tests on CUDA (exit $load_status)"
+fi
+
+# The tiny pipeline on CUDA against the CPU oracle. A failure makes the script fail at the end.
+ref="$build/reference"
+if enough 120; then
+  if bounded python3 "$here/tests/reference/generate_all.py" --out "$ref" --only pipeline > "$work/oracle.log" 2>&1; then
+    DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
+      bounded "$build/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' > "$work/cuda_pipeline_tests.log" 2>&1
+    oracle_status=$?
+    grep -E "relative|PSNR|OK \]|FAILED|PASSED" "$work/cuda_pipeline_tests.log" | head -20
+    [ "$oracle_status" = 0 ] || { tail -30 "$work/cuda_pipeline_tests.log"; tests_status=1; }
+  else
+    tests_status=1
+    echo "oracle generation failed:"; tail -20 "$work/oracle.log"
+  fi
+  elapsed "CUDA pipeline oracle tests (exit ${oracle_status:-1})"
+else
+  tests_status=1
+fi
+
+if [ "${PROFILE:-0}" = 1 ] && enough 60; then
+  bounded ncu --clock-control none --csv --metrics gpu__time_duration.sum "$build/diffpipe" forward --model "$model" \
     --device cuda --dtype bf16 --height 1024 --width 1024 --text-len 512 --repeat 1 --warmup 0 \
-    > "$out/ncu-step.csv" 2> "$out/ncu-step.log" || tail -5 "$out/ncu-step.log"
-  python3 "$here/bench/ncu_summary.py" "$out/ncu-step.csv" --top 25 --json "$out/ncu-step.json" | tee "$out/ncu-step.txt"
+    > "$work/ncu-step.csv" 2> "$work/ncu-step.log" || tail -5 "$work/ncu-step.log"
+  python3 "$here/bench/ncu_summary.py" "$work/ncu-step.csv" --top 25 --json "$work/ncu-step.json" | tee "$work/ncu-step.txt"
   elapsed "profile finished"
 fi
 [ "$status" = 0 ] && exit "$tests_status"

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def run_diffpipe(args, work: pathlib.Path) -> dict:
                "--steps", str(args.steps), "--height", str(args.height), "--width", str(args.width), "--prompt",
                args.prompt, "--seed", str(args.seed), "--guidance", str(args.guidance), "--max-sequence-length",
                str(args.max_sequence_length), "--out", str(work / "diffpipe.png"), "--report-json", str(report_path)]
+    command += args.diffpipe_args.split()
     started = time.perf_counter()
     with open(log_path, "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
@@ -79,6 +81,29 @@ def run_diffpipe(args, work: pathlib.Path) -> dict:
     report["phases"]["loop"] = {"seconds": report["denoise_loop_seconds"], "peak_bytes": None}
     report["ms_per_step"] = step_ms(report["step_end_seconds"])
     return report
+
+
+def run_diffusers_process(args, work: pathlib.Path) -> dict:
+    """diffusers in a fresh interpreter, as a user runs it: process wall from the command's start to the PNG on
+    disk (interpreter start and imports included), beside its in-script phases."""
+    child_json = work / "diffusers-child.json"
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--diffpipe", args.diffpipe, "--model",
+               args.model, "--json", str(child_json), "--only", "diffusers", "--in-process", "--steps", str(args.steps),
+               "--height", str(args.height), "--width", str(args.width), "--device", args.device, "--dtype",
+               args.dtype, "--max-sequence-length", str(args.max_sequence_length), "--guidance", str(args.guidance),
+               "--seed", str(args.seed), "--prompt", args.prompt]
+    log_path = work / "diffusers.log"
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.stderr.write(log_path.read_text()[-4000:])
+        raise SystemExit(f"diffusers run failed ({done.returncode}); log: {log_path}")
+    theirs = json.loads(child_json.read_text())["diffusers"]
+    theirs["process_wall_seconds"] = wall
+    shutil.copyfile(work / "diffusers-child-files" / "diffusers.png", work / "diffusers.png")
+    return theirs
 
 
 def run_diffusers(args, work: pathlib.Path) -> dict:
@@ -214,6 +239,46 @@ def print_table(args, ours, theirs, weights) -> list:
     return rows
 
 
+def print_loads(ours) -> list:
+    """diffpipe's parallel loads, one row per component: rate, and how much was in the page cache before."""
+    loads = ours.get("loads", [])
+    if loads:
+        print("\ndiffpipe loading (parallel readers; page cache state before each load)")
+        print(f"{'component':18}{'GB':>8}{'s':>8}{'GB/s':>8}{'cached':>8}{'readers':>9}  staging")
+    for load in loads:
+        print(f"{pathlib.Path(load['source']).name:18}{load['bytes'] / GB:8.2f}{load['seconds']:8.2f}"
+              f"{load['gb_per_s']:8.1f}{100 * load['page_cache_resident_fraction']:7.0f}%{load['readers']:9d}  "
+              f"{'pinned chunks, copy streams' if load['pinned_staging'] else 'host'}")
+    return loads
+
+
+def print_done_when(ours, theirs, psnr_db) -> list:
+    """Issue 25's "Done when" figures against their targets (figures only: nothing passes or fails here)."""
+    loads = print_loads(ours)
+    peak = max((s["peak_device_bytes"] or s["peak_resident_bytes"]) for s in ours["stages"]) / GB
+    in_script = sum(theirs["phases"][p]["seconds"] for p in ("load", "encode", "denoise", "decode")) if theirs else None
+    wall = ours["process_wall_seconds"]
+    slowest_load = min((load["gb_per_s"] for load in loads if load["bytes"] > 1e9), default=None)
+    rows = [
+        ("one image, process wall (s)", wall, "<= 6.0", wall <= 6.0),
+        ("against diffusers' in-script total", wall / in_script if in_script else None, "<= 0.5x",
+         in_script and wall / in_script <= 0.5),
+        ("loading, slowest component > 1 GB (GB/s)", slowest_load, ">= 20", slowest_load and slowest_load >= 20),
+        ("first step / steady step", ours.get("first_step_ratio"), "<= 1.1",
+         ours.get("first_step_ratio") and ours["first_step_ratio"] <= 1.1),
+        ("steady step (ms)", ours.get("ms_per_step"), "<= 112", ours.get("ms_per_step", 1e9) <= 112),
+        ("peak memory (GB)", peak, "<= 26.6", peak <= 26.6),
+        ("image PSNR vs diffusers (dB)", psnr_db, ">= 45", psnr_db is not None and psnr_db >= 45),
+    ]
+    if theirs and theirs.get("process_wall_seconds"):
+        rows.insert(1, ("diffusers process wall (s)", theirs["process_wall_seconds"], "(reference)", None))
+    print("\nissue 25, Done when (one H200)")
+    print(f"{'figure':44}{'measured':>10}  {'target':10}  met")
+    for name, value, target, met in rows:
+        print(f"{name:44}{fmt(value, '10.2f')}  {target:10}  {'' if met is None else ('yes' if met else 'no')}")
+    return [{"figure": n, "measured": v, "target": t, "met": m} for n, v, t, m in rows]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--diffpipe", required=True, help="the diffpipe binary")
@@ -229,6 +294,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--only", choices=["diffpipe", "diffusers"], help="run one side only")
+    parser.add_argument("--diffpipe-args", default="", help="more `diffpipe generate` options, e.g. --load-overlap off")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run diffusers in this interpreter (default: a child process, timed from its start)")
     args = parser.parse_args()
 
     out = pathlib.Path(args.json)
@@ -239,8 +307,12 @@ def main() -> int:
         ours = run_diffpipe(args, work)
         print(f"diffpipe: done in {ours['process_wall_seconds']:.1f} s (process wall)", flush=True)
     if args.only != "diffpipe":
-        theirs = run_diffusers(args, work)
-        print("diffusers: done", flush=True)
+        if args.in_process:
+            theirs = run_diffusers(args, work)
+            print("diffusers: done", flush=True)
+        else:
+            theirs = run_diffusers_process(args, work)
+            print(f"diffusers: done in {theirs['process_wall_seconds']:.1f} s (process wall)", flush=True)
     weights = folder_weight_bytes(args.model)
     rows = print_table(args, ours, theirs, weights)
     result = {"settings": {k: v for k, v in vars(args).items()}, "weights_bytes": weights, "rows": rows,
@@ -248,6 +320,8 @@ def main() -> int:
     if ours and theirs:
         result["image_psnr_db"] = psnr(work / "diffpipe.png", work / "diffusers.png")
         print(f"image PSNR diffpipe vs diffusers: {fmt(result['image_psnr_db'], '.1f')} dB")
+    if ours:
+        result["done_when"] = print_done_when(ours, theirs, result.get("image_psnr_db"))
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {out}")
     return 0

@@ -30,6 +30,7 @@
 #include "pipeline/memory_estimate.h"
 #include "placement/mesh.h"
 #include "runtime/components.h"
+#include "io/parallel_load.h"
 #include "runtime/distributed_generate.h"
 #include "runtime/world.h"
 #include "tokenizers/unicode.h"
@@ -55,6 +56,7 @@ struct GenerateOptions {
   runtime::RuntimeOptions runtime;
   GenerateInputs inputs;  // --lora, --negative-prompt, --true-cfg-scale, --sigmas, --latents
   std::string resume;  // --resume FILE|DIR
+  bool no_warm_up = false;
   // The run options given on the command line (as compare_runs names them): --resume takes the others from
   // the checkpoint.
   std::vector<std::string> given;
@@ -255,6 +257,14 @@ void write_report_json(const GenerateOptions& o, const std::string& dtype, const
   // transformer's loading, which the denoise stage includes.
   doc["step_end_seconds"] = step_ends;
   doc["denoise_loop_seconds"] = step_ends.empty() ? 0.0 : step_ends.back();
+  // Step 1 against the median later step: what the first use of kernels and handles still costs in the loop.
+  std::vector<double> later;
+  for (size_t s = 1; s < step_ends.size(); ++s) later.push_back(step_ends[s] - step_ends[s - 1]);
+  std::sort(later.begin(), later.end());
+  const double steady = later.empty() ? 0.0 : later[later.size() / 2];
+  doc["steady_step_seconds"] = steady;
+  doc["first_step_ratio"] = steady > 0 ? step_ends.front() / steady : 0.0;
+  doc["loads"] = io::load_figures_json(io::load_history());
   write_json_file(o.report_json, doc);
 }
 
@@ -430,6 +440,7 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
       written.push_back(out_paths.front());
     };
   }
+  o.runtime.warm_up = !o.no_warm_up;
   const auto outcome = runtime::distributed_generate(flux, request, grid, o.runtime, outputs);
   if (outcome.stopped) {
     // Every rank exits with the code batch scripts requeue on; mpirun passes it on.
@@ -512,6 +523,15 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "pipeline, the time-balanced split over all ranks)");
   cmd->add_option("--max-memory", o->runtime.max_memory,
                   "memory per device for planning, as `plan` takes it (0=16GB,1=16GB,cpu=64GB or a JSON file)");
+  cmd->add_option("--load-overlap", o->runtime.load_overlap,
+                  "load this rank's transformer blocks on a thread while its text encoders run: auto (on CUDA when "
+                  "both fit in device memory at once and no --max-memory cap is given; the log says which and why), "
+                  "on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-warm-up", o->no_warm_up,
+                "skip running one transformer block of each kind on zeros after loading (it readies the kernels and "
+                "cuBLAS handles, so that the first denoising step costs what later ones do)");
   cmd->add_option("--pipeline-device-map", o->runtime.pipeline_device_map,
                   "which ranks run CLIP, T5 and the VAE: only \"balanced\", diffusers' pipeline-level map, placed with "
                   "--max-memory as `plan --pipeline-device-map balanced --components text_encoder,text_encoder_2,vae` "

@@ -9,7 +9,29 @@ namespace dp::models {
 at::Tensor ModuleWeights::get(const std::string& name) const { return get(name, dtype_); }
 
 at::Tensor ModuleWeights::get(const std::string& name, at::ScalarType dtype) const {
+  if (loaded_) {
+    at::Tensor tensor = loaded_->take(key(name), dtype);
+    if (tensor.defined()) return tensor;
+  }
   return io::load_tensor(*index_, key(name), dtype, device_);
+}
+
+ModuleWeights ModuleWeights::read_ahead(const std::function<bool(const std::string&)>& wanted) const {
+  const io::LoadPolicy policy = io::load_policy();
+  if (!policy.read_ahead) return *this;
+  std::vector<std::string> names;
+  for (const auto& name : index_->names()) {
+    if (!prefix_.empty() && name.compare(0, prefix_.size() + 1, prefix_ + ".") != 0) continue;
+    if (wanted && !wanted(name)) continue;
+    // Held in the file's dtype until taken: under a memory cap, a tensor stored wider than the run dtype is read
+    // one by one instead, converted on the host, so the device never holds the wide copy of a whole component.
+    if (policy.bounded_memory && io::dtype_size(index_->info(name).dtype) > at::elementSize(dtype_)) continue;
+    names.push_back(name);
+  }
+  if (names.empty()) return *this;
+  ModuleWeights out = *this;
+  out.loaded_ = io::load_parallel(*index_, names, device_);
+  return out;
 }
 
 at::Tensor ModuleWeights::get_shaped(const std::string& name, at::IntArrayRef expected) const {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "io/parallel_load.h"
 #include "io/weight_index.h"
 
 namespace dp::models {
@@ -22,7 +23,25 @@ class ModuleWeights {
       : index_(std::move(index)), dtype_(dtype), device_(device), prefix_(std::move(prefix)) {}
 
   ModuleWeights child(const std::string& name) const {
-    return ModuleWeights(index_, dtype_, device_, key(name)).with_lora(lora_);
+    ModuleWeights out = *this;
+    out.prefix_ = key(name);
+    return out;
+  }
+  // The same scope, with the tensors `wanted` says yes to (by full key) read ahead in parallel onto the device
+  // (io/parallel_load.h); get() then takes them from there instead of reading one by one. Returns the scope
+  // unchanged when the load policy (io::load_policy) says to read one by one.
+  ModuleWeights read_ahead(const std::function<bool(const std::string&)>& wanted = nullptr) const;
+  // The same scope reading one by one: for a scope kept past loading, which must not hold read-ahead tensors.
+  ModuleWeights without_read_ahead() const {
+    ModuleWeights out = *this;
+    out.loaded_.reset();
+    return out;
+  }
+  // The same scope (and read-ahead tensors) giving `dtype` from get(name).
+  ModuleWeights with_dtype(at::ScalarType dtype) const {
+    ModuleWeights out = *this;
+    out.dtype_ = dtype;
+    return out;
   }
   // The same scope whose Linears get `lora`'s adapters when they load (null: none).
   ModuleWeights with_lora(std::shared_ptr<const LoraBinding> lora) const {
@@ -53,6 +72,7 @@ class ModuleWeights {
   at::Device device_;
   std::string prefix_;
   std::shared_ptr<const LoraBinding> lora_;
+  std::shared_ptr<io::LoadedTensors> loaded_;  // read ahead, null when reading one by one
 };
 
 // y = x W^T + b, the nn.Linear convention; `bias` may be undefined. With unfused LoRA adapters (models/lora.h)

@@ -1,5 +1,6 @@
 #include "pipeline/flux_pipeline.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <map>
 #include <utility>
@@ -25,6 +27,7 @@
 #include "models/vae/vae.h"
 #include "pipeline/denoise_loop.h"
 #include "pipeline/device_stats.h"
+#include "pipeline/encoder_warm_up.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/flux_stage.h"
 #include "pipeline/stage_timer.h"
@@ -243,9 +246,30 @@ at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Dev
     for (const auto& text : request.encode_texts()) ids.push_back(tokenizer.encode_padded(text.text, request.max_sequence_length));
     return ids;
   });
+  // On CUDA, T5's first forward would load its kernels and create its handles: done on a thread while the
+  // weights stream, with one block of zeros at the run's shape.
+  std::future<void> warming;
+  if (device.is_cuda() && encoder_warm_up_enabled()) {
+    const std::string config_path = folder_.component("text_encoder_2").path + "/config.json";
+    const auto config = models::T5Config::from_json(read_json_file(config_path), config_path);
+    const auto rows = std::min<int64_t>(static_cast<int64_t>(request.encode_texts().size()), kEncodeChunk);
+    warming = std::async(std::launch::async, [config, rows, device, dtype = request.dtype,
+                                              seq = static_cast<int64_t>(request.max_sequence_length)] {
+      c10::OptionalDeviceGuard device_guard(device);
+      try {
+        const double seconds = models::T5Encoder::warm_up(config, dtype, device, rows, seq);
+        DP_INFO("T5: warmed up its forward while its weights loaded, in ", std::fixed, std::setprecision(3), seconds,
+                " s");
+      } catch (const std::exception& e) {
+        // Only a head start: the real forward will say what is wrong, if anything is.
+        DP_WARN("T5: warm-up failed, the first forward pays its first-use cost: ", e.what());
+      }
+    });
+  }
   const auto t5 = timer.loading("T5 load", [&] {
     return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, device);
   });
+  if (warming.valid()) timer.timed("T5 warm-up (the rest)", [&] { warming.get(); return 0; });
   return timer.timed("T5 forward", [&] {
     return encode_in_chunks(rows, device, [&](const at::Tensor& ids) { return t5.forward(ids); });
   });

@@ -2,12 +2,15 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 
 #include "core/error.h"
 #include "core/json_file.h"
 #include "models/lora_check.h"
+#include "pipeline/device_stats.h"
 
 namespace dp::pipeline {
 namespace {
@@ -85,6 +88,29 @@ void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds,
 }
 
 void FluxStage::forget(int64_t microbatch) { prompts_.erase(microbatch); }
+
+double FluxStage::warm_up(int64_t batch) const {
+  if (model_.has_unfused_adapters()) return 0;
+  c10::InferenceMode guard;
+  const auto started = std::chrono::steady_clock::now();
+  const auto& parts = model_.parts();
+  const int64_t layers = model_.config().num_layers;
+  const auto options = at::TensorOptions().dtype(model_.dtype()).device(model_.device());
+  const int64_t dim = model_.config().inner_dim();
+  const auto run_one = [&](int64_t first, int64_t last) {
+    for (int64_t b = std::max(first, parts.first_block); b < std::min(last, parts.last_block); ++b) {
+      if (parts.offloaded.count(b)) continue;
+      models::FluxActivations state{at::zeros({batch, image_count(), dim}, options),
+                                    at::zeros({batch, text_count(), dim}, options), at::zeros({batch, dim}, options)};
+      model_.run_blocks(state, rope_, b, b + 1, nullptr);
+      return;
+    }
+  };
+  run_one(0, layers);                          // a double block
+  run_one(layers, model_.config().num_blocks());  // a single block
+  synchronize(model_.device());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
 
 std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at::Tensor>& inputs) const {
   c10::InferenceMode guard;

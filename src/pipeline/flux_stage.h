@@ -52,6 +52,13 @@ class FluxStage {
   void set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled);
   void forget(int64_t microbatch);
 
+  // Runs one double and one single block of this piece (those it holds on the device) on zeros of a
+  // `batch`-row microbatch at the run's token counts, so that the loop's first step finds cuBLAS/cuBLASLt handles
+  // and heuristics, the attention kernels and CUDA's lazily loaded modules ready. Changes no state: the results
+  // are dropped. Skipped with unfused LoRA adapters (they need a row choice) and never exchanges with a
+  // sequence group (each rank warms its own shard's shapes). Returns the seconds it took.
+  double warm_up(int64_t batch) const;
+
   // One step of one microbatch through this piece (see the payloads above). Inputs may live on any device.
   std::vector<at::Tensor> run(int64_t microbatch, const std::vector<at::Tensor>& inputs) const;
 

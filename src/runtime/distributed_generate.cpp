@@ -7,7 +7,9 @@
 #include <optional>
 
 #include "core/log.h"
+#include "io/parallel_load.h"
 #include "pipeline/device_stats.h"
+#include "pipeline/encoder_warm_up.h"
 #include "runtime/agree_phase.h"
 #include "runtime/decode_phase.h"
 #include "runtime/encode_phase.h"
@@ -24,7 +26,7 @@ namespace {
 // A rank other than 0: load its blocks while rank 0 finishes encoding, run them for the ring, decode if it is
 // the VAE's rank, report, and learn from the coordinator whether the run stopped.
 GenerateOutcome run_worker(RunContext& run) {
-  LoadedStage loaded = load_phase(run);
+  LoadedStage loaded = take_loaded_stage(run);
   std::optional<WorkerDecode> decode;
   if (run.decode && run.world.rank() == run.components.vae.rank) {
     decode.emplace(run);
@@ -84,8 +86,15 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   agree_phase(run);
   run.device = rank_device(request.device, run.world);
   cap_device_memory(run);
+  // Read-ahead holds a component in its file's dtype until the model takes each tensor; under a cap, tensors
+  // stored wider than the run dtype are read one by one instead.
+  io::LoadPolicy load_policy = io::load_policy();
+  load_policy.bounded_memory = !options.max_memory.empty();
+  io::set_load_policy(load_policy);
+  pipeline::set_encoder_warm_up(options.warm_up && options.max_memory.empty());
   if (run.world.uses_mpi()) run.transport = make_transport(run.transport_name, run.layout(), run.world, run.device, options);
   if (run.layout().sequence_parallel() > 1) run.exchange = std::make_unique<GroupExchange>(*run.transport);
+  start_load_overlap(run);
   EncodedPrompts encoded = encode_phase(run);
   return run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
 }

@@ -31,6 +31,12 @@ struct RuntimeOptions {
   std::string transport = "auto";
   // --report: each rank writes its figures as JSON here (PATH.rankN.json beside it when there are N > 1 ranks).
   std::string report_path;
+  // --load-overlap: auto, on or off. On: this rank's transformer blocks load on a thread while its text
+  // encoders run (runtime/load_phase.h says when auto chooses it).
+  std::string load_overlap = "auto";
+  // Run one block of each kind on zeros once the blocks are loaded (FluxStage::warm_up), so that step 1 costs
+  // what later steps cost; --no-warm-up turns it off.
+  bool warm_up = true;
   CheckpointOptions checkpoints;
 };
 

@@ -5,12 +5,16 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
+
 #include <chrono>
 #include <iomanip>
 #include <map>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/weight_index.h"
 #include "pipeline/phase_guard.h"
 #include "placement/plan.h"
 #include "runtime/world.h"
@@ -40,6 +44,14 @@ models::flux::SequenceShard sequence_shard(const RunContext& run) {
   }
   shard.exchange = run.exchange.get();
   return shard;
+}
+
+void warm_up(const RunContext& run, const pipeline::FluxStage& stage, const char* note) {
+  const int64_t rows = std::min(run.options.microbatch_size, run.batch());
+  const double seconds =
+      pipeline::run_phase(run.world.rank(), "warming up the blocks", [&] { return stage.warm_up(rows); });
+  DP_INFO("rank ", run.world.rank(), ": warmed up one block of each kind at ", rows, " row(s) in ", std::fixed,
+          std::setprecision(3), seconds, " s", note);
 }
 
 }  // namespace
@@ -92,9 +104,91 @@ LoadedStage load_phase(const RunContext& run) {
   });
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
+  if (run.options.warm_up) warm_up(run, *loaded.stage, "");
   DP_INFO("rank ", run.world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ", std::fixed,
           std::setprecision(1), loaded.bytes / 1e6, " MB in ", std::setprecision(2), loaded.seconds, " s (",
           std::setprecision(3), loaded.seconds > 0 ? loaded.bytes / 1e9 / loaded.seconds : 0.0, " GB/s)");
+  return loaded;
+}
+
+namespace {
+
+// A component's weights at the run dtype, from its headers.
+uint64_t run_dtype_bytes(const std::string& dir, at::ScalarType dtype) {
+  const auto index = io::WeightIndex::open_dir(dir);
+  uint64_t total = 0;
+  for (const auto& name : index.names()) total += index.info(name).numel() * at::elementSize(dtype);
+  return total;
+}
+
+uint64_t device_total_bytes(const at::Device& device) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  at::globalContext().lazyInitDevice(at::kCUDA);
+  return at::cuda::getDeviceProperties(device.index())->totalGlobalMem;
+#else
+  DP_FAIL("this build has no CUDA support (", device, ")");
+#endif
+}
+
+// Whether this rank runs a text encoder before its ring phase.
+bool encodes_here(const RunContext& run) {
+  const int rank = run.world.rank();
+  if (!run.encoders_on_their_ranks()) return run.world.is_coordinator() && !run.checkpoints().resume;
+  return rank == run.components.clip.rank || rank == run.components.t5.rank;
+}
+
+}  // namespace
+
+LoadOverlap choose_load_overlap(const RunContext& run) {
+  const std::string& mode = run.options.load_overlap;
+  DP_CHECK(mode == "auto" || mode == "on" || mode == "off", "--load-overlap must be auto, on or off, got '", mode, "'");
+  const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
+  if (mine == nullptr) return {false, "this rank holds no transformer blocks"};
+  if (!encodes_here(run)) return {false, "no text encoder runs on this rank: its blocks load while rank 0 encodes"};
+  if (mode != "auto") return {mode == "on", "--load-overlap " + mode};
+  if (!run.device.is_cuda()) return {false, "on the CPU the loader and the encoders would share the same cores"};
+  if (!run.options.max_memory.empty())
+    return {false, "--max-memory caps this rank: the staged order keeps the encoders' and the blocks' memory apart"};
+  uint64_t encoders = 0;
+  const int rank = run.world.rank();
+  for (const ComponentPlace* place : {&run.components.clip, &run.components.t5}) {
+    if ((place->rank == rank || !run.encoders_on_their_ranks()) && !place->on_cpu)
+      encoders += run_dtype_bytes(run.flux.folder().component(place->name).path, run.request.dtype);
+  }
+  // An upper bound: the whole transformer, whatever part of it this rank holds.
+  const uint64_t blocks = run_dtype_bytes(run.transformer_dir, run.request.dtype);
+  const uint64_t total = device_total_bytes(run.device);
+  // Activations of the encoders and of the first step, and the allocator's slack.
+  const uint64_t margin = std::max<uint64_t>(uint64_t{4} << 30, total / 6);
+  const uint64_t need = encoders + blocks + margin;
+  const std::string figures = str(std::fixed, std::setprecision(1), "encoders ", encoders / 1e9, " GB + blocks ",
+                                  blocks / 1e9, " GB + margin ", margin / 1e9, " GB against the device's ", total / 1e9,
+                                  " GB");
+  if (need > total) return {false, "both would not fit at once (" + figures + ")"};
+  return {true, "both fit at once (" + figures + ")"};
+}
+
+void start_load_overlap(RunContext& run) {
+  const LoadOverlap choice = choose_load_overlap(run);
+  DP_INFO("rank ", run.world.rank(), ": load overlap ", choice.overlap ? "on" : "off", ": ", choice.reason);
+  run.load_overlapped = choice.overlap;
+  run.load_overlap_reason = choice.reason;
+  if (!choice.overlap) return;
+  run.early_load = std::async(std::launch::async, [&run] {
+    // Both are per thread: the blocks must land on this rank's GPU and be inference tensors like the rest.
+    c10::InferenceMode inference;
+    c10::OptionalDeviceGuard device_guard;
+    if (run.device.is_cuda()) device_guard.reset_device(run.device);
+    return load_phase(run);
+  });
+}
+
+LoadedStage take_loaded_stage(RunContext& run) {
+  if (!run.early_load.valid()) return load_phase(run);
+  LoadedStage loaded = run.early_load.get();
+  // The loader thread's warm-up loaded the kernels for the whole process, but cuBLAS, cuDNN and their plan
+  // caches are per thread in LibTorch: once more here, on the thread that runs the loop, now cheap.
+  if (run.options.warm_up && loaded.stage && run.device.is_cuda()) warm_up(run, *loaded.stage, " on the loop's thread");
   return loaded;
 }
 

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "core/json_file.h"
 #include "core/log.h"
 #include "core/memory_stats.h"
 #include "core/output_policy.h"
+#include "io/parallel_load.h"
 #include "pipeline/device_stats.h"
 #include "runtime/world.h"
 
@@ -98,6 +100,15 @@ void write_rank_report(const RunContext& run, const RankFigures& figures) {
                      {"all_to_all_seconds", step.exchange_seconds}});
   }
   doc["per_step"] = steps;
+  // Step 1 against the median later step (compute time): what first use still costs inside the loop.
+  std::vector<double> later;
+  for (size_t s = 1; s < times.per_step.size(); ++s) later.push_back(times.per_step[s].compute_seconds);
+  std::sort(later.begin(), later.end());
+  const double steady = later.empty() ? 0.0 : later[later.size() / 2];
+  doc["steady_step_compute_seconds"] = steady;
+  doc["first_step_ratio"] = steady > 0 && !times.per_step.empty() ? times.per_step.front().compute_seconds / steady : 0.0;
+  doc["load_overlap"] = {{"on", run.load_overlapped}, {"reason", run.load_overlap_reason}};
+  doc["loads"] = io::load_figures_json(io::load_history());
   const std::string path = rank_report_path(options.report_path, world);
   write_json_file(path, doc);
   DP_INFO("rank ", world.rank(), ": wrote ", path);

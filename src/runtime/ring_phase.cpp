@@ -51,7 +51,7 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
   const at::Tensor& latents = start.latents;
   CoordinatorRing result;
   pipeline::StageTimer timer("denoise", device, run.flux.report_sink());
-  LoadedStage loaded = timer.loading("transformer load", [&] { return load_phase(run); });
+  LoadedStage loaded = timer.loading("transformer load", [&] { return take_loaded_stage(run); });
   result.figures.load_seconds = loaded.seconds;
   result.figures.load_bytes = loaded.bytes;
   images.prepare(loaded.bytes);

@@ -4,6 +4,7 @@
 // later phases only read it (the transport excepted, which they use).
 #include <ATen/ATen.h>
 
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,9 +20,20 @@
 #include "runtime/ring.h"
 #include "runtime/transport.h"
 
+namespace dp::pipeline {
+class FluxStage;  // pipeline/flux_stage.h
+}  // namespace dp::pipeline
+
 namespace dp::runtime {
 
 class World;
+
+// This rank's piece of the transformer once loaded (load_phase.h).
+struct LoadedStage {
+  std::shared_ptr<pipeline::FluxStage> stage;  // null on a rank without blocks
+  double seconds = 0;
+  uint64_t bytes = 0;
+};
 
 // The transformer split every rank computes from the same headers.
 struct TransformerPlan {
@@ -56,6 +68,10 @@ struct RunContext {
   std::unique_ptr<Transport> transport;  // null in a world of one
   // This rank's sequence group's all-to-all over the transport; null when the groups are single ranks.
   std::unique_ptr<GroupExchange> exchange;
+  // This rank's blocks, loading on a thread while the encoders run (load_phase.h); invalid when loaded in turn.
+  std::future<LoadedStage> early_load;
+  bool load_overlapped = false;
+  std::string load_overlap_reason;  // why it was chosen or not (load_phase.h)
 
   const MeshLayout& layout() const { return *mesh; }
   const CheckpointOptions& checkpoints() const { return options.checkpoints; }

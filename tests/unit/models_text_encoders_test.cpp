@@ -149,6 +149,21 @@ TEST(T5Encoder, RelativePositionBucketsMatchTransformers) {
   }
 }
 
+// The warm-up runs the forward's code on one block of zeros for every activation and dtype (fp16 with its fp32
+// "wo"), and a model's output is the same before and after it.
+TEST(T5Encoder, WarmUpRunsTheForwardAndChangesNothing) {
+  for (const char* case_name : {"t5_gated_gelu", "t5_relu"}) {
+    const OracleCase oracle(case_name);
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const auto model = T5Encoder::load(oracle.path("model"), dtype, at::kCPU);
+      const at::Tensor ids = at::arange(12, at::kLong).remainder(model.config().vocab_size).view({2, 6});
+      const at::Tensor before = model.forward(ids);
+      EXPECT_GT(T5Encoder::warm_up(model.config(), dtype, at::kCPU, 2, 6), 0.0) << case_name;
+      EXPECT_TRUE(at::equal(model.forward(ids), before)) << case_name << " " << dtype;
+    }
+  }
+}
+
 // A copy of an oracle model folder whose config.json is edited, for the error paths.
 std::string edited_copy(const OracleCase& oracle, const std::function<void(nlohmann::json&)>& edit) {
   const std::string dir = dp::test::temp_dir("t5-edit");

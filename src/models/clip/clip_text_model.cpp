@@ -38,7 +38,8 @@ ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, 
   const bool prefixed = index->contains("text_model.embeddings.token_embedding.weight");
   model.lora_ = LoraBinding::make(std::move(lora), io::LoraComponent::text_encoder);
   if (model.lora_) model.lora_->set->check_finite(io::LoraComponent::text_encoder, [](const io::LoraModule&) { return true; });
-  const ModuleWeights root = ModuleWeights(index, dtype, device, prefixed ? "text_model" : "").with_lora(model.lora_);
+  const ModuleWeights root =
+      ModuleWeights(index, dtype, device, prefixed ? "text_model" : "").with_lora(model.lora_).read_ahead();
 
   const int64_t d = c.hidden_size;
   model.token_embedding_ = root.get_shaped("embeddings.token_embedding.weight", {c.vocab_size, d});

@@ -1,5 +1,6 @@
 #include "models/flux/flux_transformer.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
@@ -30,7 +31,20 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
   model.dtype_ = dtype;
   model.device_ = device;
   model.lora_ = LoraBinding::make(std::move(lora), io::LoraComponent::transformer);
-  const ModuleWeights root = ModuleWeights(std::move(weights), dtype, device).with_lora(model.lora_);
+  // Only the tensors this piece holds on the device are read ahead: its blocks that are not offloaded, and the
+  // embedders and head when it holds them.
+  const auto held = [&](const std::string& name) {
+    const auto block_of = [&](const std::string& prefix, int64_t base) -> int64_t {
+      if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+      return base + std::atoll(name.c_str() + prefix.size());
+    };
+    int64_t block = block_of("transformer_blocks.", 0);
+    if (block < 0) block = block_of("single_transformer_blocks.", config.num_layers);
+    if (block >= 0) return block >= parts.first_block && block < parts.last_block && parts.offloaded.count(block) == 0;
+    const bool head = name.rfind("norm_out.", 0) == 0 || name.rfind("proj_out.", 0) == 0;
+    return head ? parts.head : parts.embedders;
+  };
+  const ModuleWeights root = ModuleWeights(std::move(weights), dtype, device).with_lora(model.lora_).read_ahead(held);
   const int64_t dim = config.inner_dim();
   if (parts.embedders) {
     model.x_embedder_ = Linear::load(root, "x_embedder", config.in_channels, dim);
@@ -66,7 +80,7 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
           flux::SingleBlock::load(root.child("single_transformer_blocks." + std::to_string(s)), config));
     }
   }
-  if (!streamed.empty()) model.offloaded_ = std::make_shared<OffloadedBlocks>(root, config, std::move(streamed));
+  if (!streamed.empty()) model.offloaded_ = std::make_shared<OffloadedBlocks>(root.without_read_ahead(), config, std::move(streamed));
   if (parts.head) {
     model.norm_out_ = Linear::load(root, "norm_out.linear", dim, 2 * dim);
     model.proj_out_ = Linear::load(root, "proj_out", dim, config.patch_size * config.patch_size * config.output_channels());

@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cmath>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 
@@ -32,13 +33,16 @@ T5Encoder T5Encoder::load(const std::string& dir, at::ScalarType dtype, at::Devi
   model.activation_ = text_encoder_activation(c.dense_act_fn, config_path);
 
   auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
-  const ModuleWeights root(index, dtype, device);
-  const std::string embed_key = root.has("shared.weight") ? "shared.weight" : "encoder.embed_tokens.weight";
+  const bool shared = index->contains("shared.weight");
+  const std::string embed_key = shared ? "shared.weight" : "encoder.embed_tokens.weight";
+  const std::string unused_embed_key = shared ? "encoder.embed_tokens.weight" : "shared.weight";
+  const ModuleWeights root =
+      ModuleWeights(index, dtype, device).read_ahead([&](const std::string& name) { return name != unused_embed_key; });
   model.embed_tokens_ = root.get_shaped(embed_key, {c.vocab_size, c.d_model});
 
   // transformers keeps "wo" in fp32 when asked for fp16 (not for bf16): fp16 overflows there in T5 v1.1.
   const at::ScalarType wo_dtype = dtype == at::kHalf ? at::kFloat : dtype;
-  const ModuleWeights wo_root(index, wo_dtype, device);
+  const ModuleWeights wo_root = root.with_dtype(wo_dtype);
   const int64_t d = c.d_model, inner = c.inner_dim();
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string prefix = "encoder.block." + std::to_string(i) + ".layer";
@@ -121,6 +125,43 @@ at::Tensor T5Encoder::block_forward(const Block& block, const at::Tensor& hidden
                                   .reshape({batch, seq, heads * head_dim});
   const at::Tensor after_attention = clamp_fp16(hidden + block.o(attended));
   return clamp_fp16(after_attention + feed_forward(block, block.ff_norm(after_attention)));
+}
+
+double T5Encoder::warm_up(const T5Config& c, at::ScalarType dtype, at::Device device, int64_t batch, int64_t seq) {
+  c10::InferenceMode inference;
+  const auto started = std::chrono::steady_clock::now();
+  T5Encoder model;
+  model.config_ = c;
+  model.dtype_ = dtype;
+  model.device_ = device;
+  model.activation_ = text_encoder_activation(c.dense_act_fn, "T5 warm-up");
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const auto zeros = [&](std::vector<int64_t> shape, at::ScalarType type) {
+    return at::zeros(shape, options.dtype(type));
+  };
+  const int64_t d = c.d_model, inner = c.inner_dim();
+  // Token 0 only: the embedding lookup runs, without a vocabulary-sized table.
+  model.embed_tokens_ = zeros({1, d}, dtype);
+  model.relative_attention_bias_ = zeros({c.relative_attention_num_buckets, c.num_heads}, dtype);
+  Block block;
+  block.attention_norm = {zeros({d}, dtype), c.layer_norm_epsilon};
+  block.ff_norm = {zeros({d}, dtype), c.layer_norm_epsilon};
+  block.q = {zeros({inner, d}, dtype), {}, nullptr};
+  block.k = {zeros({inner, d}, dtype), {}, nullptr};
+  block.v = {zeros({inner, d}, dtype), {}, nullptr};
+  block.o = {zeros({d, inner}, dtype), {}, nullptr};
+  if (c.is_gated_act) {
+    block.wi_0 = {zeros({c.d_ff, d}, dtype), {}, nullptr};
+    block.wi_1 = {zeros({c.d_ff, d}, dtype), {}, nullptr};
+  } else {
+    block.wi = {zeros({c.d_ff, d}, dtype), {}, nullptr};
+  }
+  block.wo = {zeros({d, c.d_ff}, dtype == at::kHalf ? at::kFloat : dtype), {}, nullptr};
+  model.blocks_.push_back(std::move(block));
+  model.final_layer_norm_ = {zeros({d}, dtype), c.layer_norm_epsilon};
+  const at::Tensor ids = at::zeros({batch, seq}, at::TensorOptions().dtype(at::kLong));
+  (void)model.forward(ids).sum().item<float>();  // waits for the device
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
 at::Tensor T5Encoder::forward(const at::Tensor& input_ids) const {

@@ -24,6 +24,12 @@ class T5Encoder {
   // the feed-forward output projections ("wo") stay fp32 as transformers' _keep_in_fp32_modules does.
   static T5Encoder load(const std::string& component_dir, at::ScalarType dtype, at::Device device);
 
+  // Runs the forward code once, with one block of zero weights at `config`'s sizes, on a (batch, seq) input:
+  // the kernels, cuBLAS handles and lazily loaded CUDA modules the real forward needs are ready afterwards, so
+  // that running this while the weights stream takes T5's first-use cost off the encode. Holds one block's
+  // weights (about 0.4 GB for T5-XXL in bf16) while it runs. Returns the seconds it took.
+  static double warm_up(const T5Config& config, at::ScalarType dtype, at::Device device, int64_t batch, int64_t seq);
+
   // input_ids: integer (B, S) on any device. Returns last_hidden_state (B, S, d_model) in the run dtype.
   // No attention mask, as FluxPipeline calls the encoder: padding tokens are attended to.
   at::Tensor forward(const at::Tensor& input_ids) const;

@@ -23,7 +23,10 @@ AutoencoderKL AutoencoderKL::load(const std::string& dir, at::ScalarType dtype, 
   const VaeActivation act = vae_activation(c.act_fn, config_path);
 
   auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
-  const ModuleWeights root(index, dtype, device);
+  // The encoder's tensors are read only when it is built (an image-to-image run), not for decoding.
+  const ModuleWeights root = ModuleWeights(index, dtype, device).read_ahead([&](const std::string& name) {
+    return with_encoder || (name.rfind("encoder.", 0) != 0 && name.rfind("quant_conv.", 0) != 0);
+  });
   model.decoder_ = std::make_shared<const VaeDecoder>(VaeDecoder::load(root.child("decoder"), c, act));
   if (c.use_post_quant_conv) {
     const Conv2d conv = Conv2d::load(root, "post_quant_conv", c.latent_channels, c.latent_channels, 1, 1, 0);

@@ -1,0 +1,296 @@
+#include "io/parallel_load.h"
+
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iomanip>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/torch_tensors.h"
+
+namespace dp::io {
+namespace {
+
+// More readers than this stop helping: page-cache copies saturate memory bandwidth, and PCIe saturates sooner.
+constexpr int kMaxLoadThreads = 16;
+constexpr uint64_t kPageBytes = 4096;
+
+std::mutex history_mutex;
+std::vector<LoadFigures> history;
+std::mutex policy_mutex;
+LoadPolicy policy;
+
+struct Piece {
+  std::size_t tensor = 0;
+  uint64_t offset = 0;  // within the tensor's bytes
+  uint64_t size = 0;
+};
+
+// The work of one load, shared by its readers.
+struct LoadJob {
+  std::vector<std::string> names;
+  std::vector<const TensorInfo*> infos;  // the mapped file's own entries
+  std::vector<std::shared_ptr<SafetensorsFile>> files;
+  std::vector<at::Tensor> outputs;
+  std::vector<Piece> pieces;
+  uint64_t piece_bytes = 0;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  // Keeps the first failure, with the file and tensor it concerns, and stops the other readers.
+  void fail(const Piece& piece, const std::string& what) {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    failed = true;
+    if (error) return;
+    error = std::make_exception_ptr(Error(
+        str(files[piece.tensor]->path(), ": tensor '", names[piece.tensor], "': loading failed: ", what), __FILE__,
+        __LINE__));
+  }
+};
+
+// Bytes of `info`'s data already in the page cache (mincore over its pages), before anything reads them: a
+// load's speed means little without knowing whether it read the disk or memory.
+uint64_t resident_bytes(const SafetensorsFile& file, const TensorInfo& info) {
+  if (info.nbytes() == 0) return 0;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(file.data(info));
+  const uintptr_t aligned = first - first % page;
+  const uint64_t span = first + info.nbytes() - aligned;
+  std::vector<unsigned char> pages((span + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(aligned), span, pages.data()) != 0) return 0;  // unknown: say not resident
+  uint64_t resident = 0;
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    if ((pages[i] & 1) == 0) continue;
+    // Only the part of each page that belongs to the tensor.
+    const uint64_t begin = std::max<uint64_t>(aligned + i * page, first);
+    const uint64_t end = std::min<uint64_t>(aligned + (i + 1) * page, first + info.nbytes());
+    resident += end - begin;
+  }
+  return resident;
+}
+
+// CPU: each piece copied into its tensor's own memory or, for views of the mapping, its pages faulted in (one
+// read per page), so that the model's first use finds them resident.
+void read_pieces_on_host(LoadJob& job, bool copy) {
+  while (!job.failed) {
+    const std::size_t i = job.next++;
+    if (i >= job.pieces.size()) return;
+    const Piece& piece = job.pieces[i];
+    const std::byte* source = job.files[piece.tensor]->data(*job.infos[piece.tensor]);
+    if (copy) {
+      std::memcpy(static_cast<std::byte*>(job.outputs[piece.tensor].data_ptr()) + piece.offset, source + piece.offset,
+                  piece.size);
+      continue;
+    }
+    const auto* bytes = reinterpret_cast<const volatile unsigned char*>(source);
+    unsigned sum = 0;
+    for (uint64_t at = piece.offset; at < piece.offset + piece.size; at += kPageBytes) sum += bytes[at];
+    (void)sum;
+  }
+}
+
+#ifdef DIFFPIPE_HAVE_CUDA
+void check_cuda(cudaError_t status, const char* what) {
+  DP_CHECK(status == cudaSuccess, what, " failed: ", cudaGetErrorString(status));
+}
+
+// One CUDA reader: mapping -> pinned chunk (a host memcpy, the part that scales with threads) -> device on the
+// reader's own stream. Two chunks per reader let the next read run while the last copy is in flight.
+void stage_pieces(LoadJob& job, const at::Device& device) {
+  c10::cuda::CUDAGuard guard(device.index());
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+  at::Tensor chunks[2] = {at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned),
+                          at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned)};
+  cudaEvent_t copied[2] = {nullptr, nullptr};
+  bool in_flight[2] = {false, false};
+  std::size_t count = 0;
+  const Piece* current = nullptr;
+  try {
+    for (auto& event : copied) check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    while (!job.failed) {
+      const std::size_t i = job.next++;
+      if (i >= job.pieces.size()) break;
+      current = &job.pieces[i];
+      const int slot = static_cast<int>(count++ % 2);
+      if (in_flight[slot]) check_cuda(cudaEventSynchronize(copied[slot]), "waiting for a staging copy");
+      const std::byte* source = job.files[current->tensor]->data(*job.infos[current->tensor]) + current->offset;
+      std::memcpy(chunks[slot].data_ptr(), source, current->size);
+      auto* target = static_cast<std::byte*>(job.outputs[current->tensor].data_ptr()) + current->offset;
+      check_cuda(cudaMemcpyAsync(target, chunks[slot].data_ptr(), current->size, cudaMemcpyHostToDevice, stream.stream()),
+                 "cudaMemcpyAsync to the device");
+      check_cuda(cudaEventRecord(copied[slot], stream.stream()), "cudaEventRecord");
+      in_flight[slot] = true;
+    }
+    check_cuda(cudaStreamSynchronize(stream.stream()), "waiting for the copy stream");
+  } catch (const std::exception& e) {
+    cudaStreamSynchronize(stream.stream());  // the chunks must outlive their copies, even on failure
+    job.fail(current != nullptr ? *current : job.pieces.front(), e.what());
+  }
+  for (auto& event : copied)
+    if (event != nullptr) cudaEventDestroy(event);
+}
+#endif
+
+void run_readers(LoadJob& job, const at::Device& device, bool host_copies, int threads) {
+  const auto reader = [&job, device, host_copies] {
+    try {
+      if (device.is_cuda()) {
+#ifdef DIFFPIPE_HAVE_CUDA
+        stage_pieces(job, device);
+#endif
+      } else {
+        read_pieces_on_host(job, host_copies);
+      }
+    } catch (const std::exception& e) {
+      job.fail(job.pieces.front(), e.what());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(reader);
+  reader();  // the calling thread reads too
+  for (auto& thread : pool) thread.join();
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+}  // namespace
+
+LoadPolicy load_policy() {
+  std::lock_guard<std::mutex> lock(policy_mutex);
+  return policy;
+}
+
+void set_load_policy(const LoadPolicy& chosen) {
+  std::lock_guard<std::mutex> lock(policy_mutex);
+  policy = chosen;
+}
+
+int load_threads() {
+  if (const char* env = std::getenv("DIFFPIPE_LOAD_THREADS")) {
+    const int n = std::atoi(env);
+    DP_CHECK(n >= 1 && n <= 256, "DIFFPIPE_LOAD_THREADS must be in [1, 256], got '", env, "'");
+    return n;
+  }
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(hardware, 1, kMaxLoadThreads);
+}
+
+at::Tensor LoadedTensors::take(const std::string& name, at::ScalarType dtype) {
+  at::Tensor tensor;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) return tensor;
+    tensor = std::move(it->second);
+    tensors_.erase(it);
+  }
+  // Converted where it lies: on the GPU after the copy, as load_tensor's .to(device, dtype) would round.
+  return tensor.scalar_type() == dtype ? tensor : tensor.to(dtype);
+}
+
+std::size_t LoadedTensors::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return tensors_.size();
+}
+
+std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const std::vector<std::string>& names,
+                                             const at::Device& device, bool host_copies) {
+  const auto started = std::chrono::steady_clock::now();
+#ifndef DIFFPIPE_HAVE_CUDA
+  DP_CHECK(!device.is_cuda(), "loading ", weights.dir(), " onto ", device, ": this build has no CUDA support");
+#endif
+  LoadJob job;
+  job.piece_bytes = std::max<uint64_t>(load_policy().piece_bytes, kPageBytes);
+  job.names = names.empty() ? weights.names() : names;
+  auto result = std::make_shared<LoadedTensors>();
+  LoadFigures& figures = result->figures_;
+  figures.source = weights.dir();
+  figures.device = device.str();
+  uint64_t resident = 0;
+  for (std::size_t t = 0; t < job.names.size(); ++t) {
+    const std::string& name = job.names[t];
+    const TensorInfo& expected = weights.info(name);
+    std::shared_ptr<SafetensorsFile> file;
+    try {
+      file = weights.mapped_file(name);
+    } catch (const std::exception& e) {
+      DP_FAIL(weights.shard_path(name), ": tensor '", name, "': loading failed: ", e.what());
+    }
+    // The shard is mapped now, after the index read its header: a file rewritten in between must still hold
+    // this tensor where the index said, or the bytes read would belong to something else.
+    const TensorInfo* info = file->find(name);
+    DP_CHECK(info != nullptr && info->dtype == expected.dtype && info->shape == expected.shape &&
+                 info->begin == expected.begin && info->end == expected.end,
+             file->path(), ": tensor '", name, "' changed since the folder's headers were read (the file was rewritten)");
+    resident += resident_bytes(*file, *info);
+    figures.bytes += info->nbytes();
+    job.infos.push_back(info);
+    job.files.push_back(std::move(file));
+    const auto options = at::TensorOptions().dtype(to_scalar_type(info->dtype)).device(device);
+    if (device.is_cuda() || host_copies) {
+      job.outputs.push_back(at::empty(info->shape, options));
+    } else {
+      job.outputs.push_back(tensor_view(job.files.back(), *info));
+    }
+    for (uint64_t offset = 0; offset < info->nbytes(); offset += job.piece_bytes)
+      job.pieces.push_back({t, offset, std::min(job.piece_bytes, info->nbytes() - offset)});
+  }
+  figures.tensors = job.names.size();
+  figures.resident_fraction = figures.bytes > 0 ? static_cast<double>(resident) / static_cast<double>(figures.bytes) : 1.0;
+  figures.threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(load_threads()),
+                                                           std::max<std::size_t>(job.pieces.size(), 1)));
+  figures.pinned_staging = device.is_cuda();
+  if (!job.pieces.empty()) run_readers(job, device, host_copies, figures.threads);
+  for (std::size_t t = 0; t < job.names.size(); ++t) result->tensors_[job.names[t]] = std::move(job.outputs[t]);
+  figures.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  DP_INFO("load ", figures.source, ": ", figures.tensors, " tensors, ", std::fixed, std::setprecision(3),
+          figures.bytes / 1e9, " GB in ", figures.seconds, " s (", std::setprecision(2), figures.gigabytes_per_second(),
+          " GB/s) to ", figures.device, " with ", figures.threads, " reader(s)",
+          figures.pinned_staging ? ", pinned chunks on one copy stream each"
+                                 : (host_copies ? ", copied on the host" : ", pages faulted in"),
+          "; ",
+          std::setprecision(0), figures.resident_fraction * 100, "% was in the page cache before");
+  {
+    std::lock_guard<std::mutex> lock(history_mutex);
+    history.push_back(figures);
+  }
+  return result;
+}
+
+std::vector<LoadFigures> load_history() {
+  std::lock_guard<std::mutex> lock(history_mutex);
+  return history;
+}
+
+nlohmann::ordered_json load_figures_json(const std::vector<LoadFigures>& loads) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& f : loads)
+    out.push_back({{"source", f.source},
+                   {"device", f.device},
+                   {"tensors", f.tensors},
+                   {"bytes", f.bytes},
+                   {"seconds", f.seconds},
+                   {"gb_per_s", f.gigabytes_per_second()},
+                   {"page_cache_resident_fraction", f.resident_fraction},
+                   {"readers", f.threads},
+                   {"pinned_staging", f.pinned_staging}});
+  return out;
+}
+
+}  // namespace dp::io

@@ -1,0 +1,183 @@
+// The parallel loader (io/parallel_load.h) against the one-by-one load_tensor: the same bits for every tensor of
+// the tiny pipeline and of a model split into many shards, read by many threads; a shard damaged after the
+// folder was opened fails naming the file and the tensor.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "fixtures/random_model.h"
+#include "fixtures/tiny_pipeline.h"
+#include "io/parallel_load.h"
+#include "io/torch_tensors.h"
+#include "models/flux/flux_transformer.h"
+#include "models/module_weights.h"
+#include "test_support.h"
+
+namespace dp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// For one test: more readers than this machine's cores, and pieces of one page, so that the fixtures' small
+// tensors are split between readers as a full-size model's are.
+class LoadThreads {
+ public:
+  explicit LoadThreads(int n) {
+    ::setenv("DIFFPIPE_LOAD_THREADS", std::to_string(n).c_str(), 1);
+    io::LoadPolicy policy;
+    policy.piece_bytes = 4096;
+    io::set_load_policy(policy);
+  }
+  ~LoadThreads() {
+    ::unsetenv("DIFFPIPE_LOAD_THREADS");
+    io::set_load_policy({});
+  }
+};
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+// Every tensor of `dir`, taken from a parallel load at `dtype`, equals load_tensor's at that dtype.
+void expect_same_as_sequential(const std::string& dir, at::ScalarType dtype, bool host_copies) {
+  const auto index = io::WeightIndex::open_dir(dir);
+  const auto loaded = io::load_parallel(index, {}, at::kCPU, host_copies);
+  EXPECT_EQ(loaded->size(), index.size()) << dir;
+  EXPECT_EQ(loaded->figures().bytes, index.total_bytes()) << dir;
+  for (const auto& name : index.names()) {
+    const at::Tensor parallel = loaded->take(name, dtype);
+    ASSERT_TRUE(parallel.defined()) << dir << ": " << name;
+    EXPECT_TRUE(same_bits(parallel, io::load_tensor(index, name, dtype))) << dir << ": " << name;
+  }
+  EXPECT_EQ(loaded->size(), 0u) << "every tensor is handed out once";
+  EXPECT_FALSE(loaded->take(index.names().front(), dtype).defined());
+}
+
+TEST(ParallelLoad, TinyPipelineGivesTheSequentialBits) {
+  const LoadThreads threads(7);
+  const std::string root = test::temp_dir("parallel-load-tiny");
+  fixtures::write_tiny_pipeline(root, {});
+  for (const char* component : {"text_encoder", "text_encoder_2", "transformer", "vae"}) {
+    for (bool host_copies : {false, true}) {
+      SCOPED_TRACE(std::string(component) + (host_copies ? " (host copies)" : " (views)"));
+      expect_same_as_sequential(root + "/" + component, at::kFloat, host_copies);
+      expect_same_as_sequential(root + "/" + component, at::kBFloat16, host_copies);
+    }
+  }
+}
+
+// The tiny transformer written in many small shards.
+std::string write_sharded_transformer(const std::string& tag) {
+  const models::FluxConfig config = fixtures::tiny_flux_config();
+  const std::string root = test::temp_dir(tag);
+  fixtures::RandomWriteOptions options;
+  options.dtype = io::DType::F32;
+  options.seed = 11;
+  options.max_shard_bytes = 40'000;
+  fixtures::write_random_component(root, fixtures::flux_transformer_component(config), options);
+  return root + "/transformer";
+}
+
+TEST(ParallelLoad, ShardedModelGivesTheSequentialBits) {
+  const LoadThreads threads(5);
+  const std::string dir = write_sharded_transformer("parallel-load-shards");
+  std::set<std::string> shards;
+  const auto index = io::WeightIndex::open_dir(dir);
+  for (const auto& name : index.names()) shards.insert(index.shard_path(name));
+  ASSERT_GE(shards.size(), 3u) << "the fixture must have several shards";
+  for (bool host_copies : {false, true}) {
+    SCOPED_TRACE(host_copies ? "host copies" : "views");
+    expect_same_as_sequential(dir, at::kFloat, host_copies);
+    expect_same_as_sequential(dir, at::kHalf, host_copies);
+  }
+  EXPECT_GE(io::load_history().size(), 4u);
+  EXPECT_DOUBLE_EQ(io::load_history().back().resident_fraction, 1.0) << "just written and read: in the page cache";
+}
+
+// A model's read-ahead scope gives every tensor as reading one by one does, part of a model too.
+TEST(ParallelLoad, ReadAheadScopeGivesTheSequentialBits) {
+  const LoadThreads threads(3);
+  const std::string dir = write_sharded_transformer("parallel-load-scope");
+  auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
+  const models::ModuleWeights one_by_one(index, at::kBFloat16, at::kCPU);
+  const models::ModuleWeights ahead = one_by_one.child("single_transformer_blocks").read_ahead(
+      [](const std::string& name) { return name.find(".1.") != std::string::npos; });
+  const auto before = io::load_history().size();
+  for (const std::string name : {"1.proj_out.weight", "1.norm.linear.bias", "0.proj_mlp.weight"}) {
+    EXPECT_TRUE(same_bits(ahead.get(name), one_by_one.child("single_transformer_blocks").get(name))) << name;
+    EXPECT_TRUE(same_bits(ahead.get(name, at::kFloat), one_by_one.child("single_transformer_blocks").get(name, at::kFloat)))
+        << name << " asked twice, the second time at another dtype";
+  }
+  EXPECT_EQ(io::load_history().size(), before) << "the read-ahead happened once, in read_ahead()";
+
+  io::LoadPolicy off_policy;
+  off_policy.read_ahead = false;
+  io::set_load_policy(off_policy);
+  const models::ModuleWeights off = one_by_one.read_ahead();
+  io::set_load_policy({});
+  EXPECT_EQ(io::load_history().size(), before) << "the policy turned read-ahead off";
+  EXPECT_TRUE(same_bits(off.get("proj_out.weight"), one_by_one.get("proj_out.weight")));
+}
+
+TEST(ParallelLoad, DamagedShardFailsNamingFileAndTensor) {
+  const std::string dir = write_sharded_transformer("parallel-load-damaged");
+  const auto index = io::WeightIndex::open_dir(dir);
+  const std::string victim = index.names().back();
+  const std::string shard = index.shard_path(victim);
+  // Cut after the folder's headers were read: the shard no longer holds the data its header promises.
+  fs::resize_file(shard, fs::file_size(shard) - 16);
+  try {
+    io::load_parallel(index, {}, at::kCPU);
+    FAIL() << "a truncated shard loaded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(shard), std::string::npos) << message;
+    EXPECT_NE(message.find("tensor '"), std::string::npos) << message;
+    EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+  }
+}
+
+TEST(ParallelLoad, RewrittenShardFailsNamingFileAndTensor) {
+  const std::string dir = write_sharded_transformer("parallel-load-rewritten");
+  const auto index = io::WeightIndex::open_dir(dir);
+  // Another shard's bytes in place of this one: a valid file, but not the tensors the index read.
+  std::set<std::string> shards;
+  for (const auto& name : index.names()) shards.insert(index.shard_path(name));
+  const std::string first = *shards.begin(), second = *std::next(shards.begin());
+  fs::copy_file(second, first, fs::copy_options::overwrite_existing);
+  try {
+    io::load_parallel(index, {}, at::kCPU);
+    FAIL() << "a rewritten shard loaded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(first), std::string::npos) << message;
+    EXPECT_NE(message.find("tensor '"), std::string::npos) << message;
+  }
+}
+
+// The GPU path: pinned chunks, copy streams, conversion on the device, against load_tensor's .to(cuda, dtype).
+TEST(ParallelLoad, CudaStagingGivesTheSequentialBits) {
+  DP_TEST_NEED_CUDA();
+  const LoadThreads threads(6);
+  const std::string dir = write_sharded_transformer("parallel-load-cuda");
+  const auto index = io::WeightIndex::open_dir(dir);
+  const at::Device cuda(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const auto loaded = io::load_parallel(index, {}, cuda);
+    EXPECT_TRUE(loaded->figures().pinned_staging);
+    for (const auto& name : index.names()) {
+      const at::Tensor parallel = loaded->take(name, dtype);
+      ASSERT_TRUE(parallel.defined() && parallel.is_cuda()) << name;
+      EXPECT_TRUE(same_bits(parallel.cpu(), io::load_tensor(index, name, dtype, cuda).cpu())) << name << " " << dtype;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dp
