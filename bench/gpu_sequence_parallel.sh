@@ -198,7 +198,7 @@ print(f'{(e[-1] - e[0]) / (len(e) - 1) * 1e3:.1f}')" 2>/dev/null || echo "?"
 # simulated WORLD K HEIGHT WIDTH STEPS: the simulator's ms per step for the mesh, when plan takes --sequence-parallel
 # (--tflops 586: one H200's measured 126.9 ms step at 1024x1024, bench/RESULTS.md).
 simulated() {
-  "$bin" plan --help 2>/dev/null | grep -q -- "--sequence-parallel" || { echo "n/a"; return; }
+  grep -q -- "--sequence-parallel" <<<"$("$bin" plan --help 2>/dev/null)" || { echo "n/a"; return; }
   local link=nvlink
   "$bin" plan --model "$model" --world-size "$1" --sequence-parallel "$2" --height "$3" --width "$4" --steps "$5" \
     --prompts 1 --tflops 586 --device-map pipeline --link $link --simulate --json 2> "$work/plan-$1-$2-$3.err" \

@@ -105,7 +105,10 @@ inside_out_dir --report-json "$config_report_json"
 args+=("${extra_args[@]}")
 # Checkpoints (--checkpoint-dir/--checkpoint-every/--resume) came with a later build than some in use: a build
 # without them runs the job unprotected rather than failing on an unknown flag.
-if "$bin" generate --help 2>/dev/null | grep -q -- --checkpoint-dir; then
+# The help is read whole before it is searched: under pipefail, `--help | grep -q` fails whenever grep stops
+# reading before diffpipe has written its (long) help, and the job would run without checkpoints.
+generate_help=$("$bin" generate --help 2>/dev/null || true)
+if grep -q -- --checkpoint-dir <<<"$generate_help"; then
   args+=(--checkpoint-dir "$checkpoint_dir" --checkpoint-every "${CHECKPOINT_EVERY:-10}")
   # A rerun after a requeue continues from the newest valid checkpoint instead of step 0.
   if [ "$restart" -gt 0 ] && [ -n "$(ls -A "$checkpoint_dir" 2>/dev/null)" ]; then
@@ -124,7 +127,8 @@ case "${LAUNCHER:-srun}" in
   srun)
     # Debian's Open MPI (and most builds) find their peers through PMIx only: without it every task would
     # be a world of one. Fail here, in the job log, before any task starts.
-    srun --mpi=list 2>&1 | grep -q pmix || job_fail "this SLURM has no PMIx plugin (srun --mpi=list): install" \
+    mpi_plugins=$(srun --mpi=list 2>&1 || true)
+    grep -q pmix <<<"$mpi_plugins" || job_fail "this SLURM has no PMIx plugin (srun --mpi=list): install" \
       "it (Debian: slurmd ships mpi_pmix) or submit cluster/slurm/generate-mpirun.sbatch, which starts ranks with mpirun"
     launch=(srun --mpi=pmix --kill-on-bad-exit=1 --output "$log_dir/rank%t.log" --error "$log_dir/rank%t.log")
     # GPU binding: each task sees only its own GPU(s) when the job asked for GPUs.
