@@ -14,6 +14,8 @@
 #include "io/torch_tensors.h"
 #include "io/weight_index.h"
 #include "models/flux/flux_config.h"
+#include "pipeline/device_stats.h"
+#include "placement/calibration.h"
 #include "placement/mesh.h"
 #include "placement/plan.h"
 #include "runtime/transports.h"
@@ -53,7 +55,7 @@ std::string read_text(const std::string& path) {
 // The device map over the mesh's stage groups (GPU d is group d).
 TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                                  const pipeline::LatentGrid& grid, const RuntimeOptions& options,
-                                 const placement::MeshShape& shape) {
+                                 const placement::MeshShape& shape, const at::Device& device) {
   const int world_size = shape.stages;
   placement::PlanRequest plan_request;
   plan_request.model_dir = flux.folder().dir();
@@ -68,10 +70,27 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   plan_request.timing.width = grid.width / 2 * 16;
   plan_request.timing.batch = options.microbatch_size;
   plan_request.timing.text_tokens = request.max_sequence_length;
+  TransformerPlan out;
+  if (plan_request.device_map == "pipeline" && !options.no_calibration) {
+    // Each rank looks up its own device; ranks that found different times plan different splits, which the plan
+    // agreement then refuses naming both.
+    const placement::CalibrationKey key{pipeline::device_name(device), io::run_dtype_name(plan_request.dtype),
+                                        plan_request.timing.height, plan_request.timing.width,
+                                        plan_request.timing.text_tokens, plan_request.timing.batch};
+    const auto choice = placement::choose_calibration(options.calibration, key);
+    if (choice.entry) {
+      plan_request.timing.calibrated = choice.entry->times;
+      plan_request.timing.calibration_source = choice.source;
+    }
+    out.times_from = choice.message;
+  } else {
+    out.times_from = plan_request.device_map == "pipeline"
+                         ? "planned from FLOP-scaled block times (--no-calibration)"
+                         : str("--device-map ", plan_request.device_map, " places by memory, not by time");
+  }
   const auto plan = placement::make_plan(plan_request);
   const std::string config_path = flux.folder().component("transformer").path + "/config.json";
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
-  TransformerPlan out;
   out.hf_device_map = plan.at("hf_device_map");
   try {
     out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
@@ -83,7 +102,8 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   Fnv fnv;
   fnv.add(out.hf_device_map.dump());
   for (const auto& s : out.stages) fnv.add(placement::describe_stage(s));
-  out.digest = plan_request.device_map + " " + fnv.hex();
+  out.digest = plan_request.device_map + " " + fnv.hex() +
+               (plan_request.timing.calibrated ? " calibrated " + plan_request.timing.calibration_source : std::string());
   if (shape.sequence_parallel > 1) out.digest += str(" mesh ", shape.stages, "x", shape.sequence_parallel);
   return out;
 }
@@ -156,13 +176,14 @@ void agree_phase(RunContext& run) {
   // Before anything loads: a component map naming a rank past the world is refused here, on every rank.
   run.components = plan_components(run.flux.folder(), options.pipeline_device_map, options.max_memory, request.dtype,
                                    world.size(), shape.sequence_parallel);
-  run.plan = plan_transformer(run.flux, request, run.grid, options, shape);
+  run.plan = plan_transformer(run.flux, request, run.grid, options, shape, rank_device(request.device, world));
   world.agree("plan (device map and block ranges)", run.plan.digest, timeout);
   run.mesh.emplace(run.plan.stages, shape, request.max_sequence_length, run.grid.tokens());
   if (world.is_coordinator()) {
     const std::string mesh = shape.sequence_parallel == 1 ? std::string()
         : str("; mesh ", shape.stages, " stage group(s) x ", shape.sequence_parallel, " sequence-parallel ranks (",
               request.max_sequence_length, " text and ", run.grid.tokens(), " image tokens split over each group)");
+    DP_INFO("runtime: split ", run.plan.times_from);
     DP_INFO("runtime: ring ", run.layout().describe(), mesh, "; hf_device_map ", run.plan.hf_device_map.dump());
     const char* source = run.components.from_map ? " (--pipeline-device-map balanced)" : " (the coordinator)";
     DP_INFO("phase encode: hf_device_map ", run.components.encode_map().dump(), source);

@@ -23,6 +23,10 @@ struct RuntimeOptions {
   // "" or "balanced": which ranks run CLIP, T5 and the VAE (runtime/components.h).
   std::string pipeline_device_map;
   int64_t microbatch_size = 1;
+  // --calibration: block times from `diffpipe calibrate` for the "pipeline" split when an entry matches this run
+  // (this rank's device name, dtype, size, text tokens, microbatch); empty: the default file when it exists.
+  std::string calibration;
+  bool no_calibration = false;
   // --sequence-parallel K: the world is S stage groups x K ranks (runtime/mesh_layout.h); the device map plans the
   // S groups (GPU d is group d) and the K ranks of a group split each image's tokens (Ulysses attention).
   int sequence_parallel = 1;
