@@ -7,7 +7,8 @@
 #   bash bench/gpu_calibrate.sh
 # Environment: DIFFPIPE_BIN (a built diffpipe; unset: built here, Release, sm_90, no tests), MODEL (a folder with
 # a full-size flux-dev transformer; unset: make-random writes one, 23.8 GB, in the background during nothing
-# else), WORK (default /tmp/gpu_calibrate), OUT (default build-gpu/out), BUDGET_S (default 560).
+# else), WORK (default /tmp/gpu_calibrate), OUT (default build-gpu/out), BUDGET_S (default 560). For a smoke run
+# on the CPU: DEVICE=cpu DTYPE=fp32 SHAPES="64x96" TEXT_TOKENS=32 MODEL=<make-tiny folder> DIFFPIPE_BIN=build/diffpipe.
 # $OUT gets summary-calibrate.txt (this output), calibration.json (the file the lead can carry to the two-GPU
 # machine: its key is the GPU's name) and the plans as JSON.
 set -uo pipefail
@@ -22,7 +23,11 @@ started=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
 left() { echo $(( budget - ($(date +%s) - started) )); }
 bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+device=${DEVICE:-cuda}
+dtype=${DTYPE:-bf16}
+shapes=${SHAPES:-1024x1024 768x1360}
+tokens=${TEXT_TOKENS:-512}
+[ "$device" = cpu ] || nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 
 bin=${DIFFPIPE_BIN:-}
 if [ -z "$bin" ]; then
@@ -44,9 +49,9 @@ fi
 
 cal="$out/calibration.json"
 rm -f "$cal"
-for shape in 1024x1024 768x1360; do
+for shape in $shapes; do
   h=${shape%x*}; w=${shape#*x}
-  bounded "$bin" calibrate --model "$model" --device cuda --dtype bf16 --height "$h" --width "$w" --text-tokens 512 \
+  bounded "$bin" calibrate --model "$model" --device "$device" --dtype "$dtype" --height "$h" --width "$w" --text-tokens "$tokens" \
     --microbatch-size 1,2,4 --warmup 3 --repeat 10 --calibration "$cal" 2>&1 | grep -v "\[info\]"
   elapsed "calibrated $shape"
 done
@@ -54,14 +59,14 @@ echo "--- $cal"
 cat "$cal"
 
 # The split for 2 GPUs from the calibration against the FLOP-scaled one, each simulated (8 images, 12 steps).
-for shape in 1024x1024 768x1360; do
+for shape in $shapes; do
   h=${shape%x*}; w=${shape#*x}
   for mb in 1 2 4; do
     for source in calibrated flops; do
       if [ "$source" = calibrated ]; then times=(--calibration "$cal"); else times=(--no-calibration); fi
       json="$out/plan-$shape-mb$mb-$source.json"
-      bounded "$bin" plan --model "$model" --world-size 2 --device-map pipeline --dtype bf16 --height "$h" --width "$w" \
-        --text-tokens 512 --microbatch-size "$mb" --simulate --prompts 8 --steps 12 "${times[@]}" --json > "$json" 2> "$work/plan.err" \
+      bounded "$bin" plan --model "$model" --world-size 2 --device-map pipeline --dtype "$dtype" --height "$h" --width "$w" \
+        --text-tokens "$tokens" --microbatch-size "$mb" --simulate --prompts 8 --steps 12 "${times[@]}" --json > "$json" 2> "$work/plan.err" \
         || { echo "plan $shape mb$mb $source failed:"; tail -3 "$work/plan.err"; continue; }
       python3 - "$json" "$shape" "$mb" "$source" <<'EOF'
 import json, sys
@@ -80,11 +85,11 @@ EOF
 done
 
 # The efficiency curve and the microbatch size plan chooses from it, for 8 and 16 images on 2 GPUs.
-for shape in 1024x1024 768x1360; do
+for shape in $shapes; do
   h=${shape%x*}; w=${shape#*x}
   for prompts in 8 16; do
-    bounded "$bin" plan --model "$model" --world-size 2 --device-map pipeline --dtype bf16 --height "$h" --width "$w" \
-      --text-tokens 512 --simulate --prompts "$prompts" --steps 12 --calibration "$cal" --json \
+    bounded "$bin" plan --model "$model" --world-size 2 --device-map pipeline --dtype "$dtype" --height "$h" --width "$w" \
+      --text-tokens "$tokens" --simulate --prompts "$prompts" --steps 12 --calibration "$cal" --json \
       > "$out/plan-$shape-choose-$prompts.json" 2> "$work/plan.err" || { tail -3 "$work/plan.err"; continue; }
     python3 - "$out/plan-$shape-choose-$prompts.json" "$shape" "$prompts" <<'EOF'
 import json, sys
@@ -99,7 +104,7 @@ done
 python3 - "$cal" <<'EOF'
 import json, sys
 entries = json.load(open(sys.argv[1]))["entries"]
-print("efficiency curve (per-image step time relative to the cheapest microbatch, 57-block FLUX.1-dev step):")
+print("efficiency curve (per-image step time relative to the cheapest microbatch; a step of 19 double and 38 single blocks):")
 shapes = {}
 for e in entries:
     step = e["embedders_ms"] + 19 * e["double_block_ms"] + 38 * e["single_block_ms"] + e["output_ms"]
