@@ -22,7 +22,9 @@
 # Environment: DIFFPIPE_BIN (a diffpipe built with CUDA and NCCL; unset: built here, Release, sm_90, the image's
 # NCCL, which serves one rank per GPU), MODEL (a full-size flux-dev pipeline folder; unset: make-random --pipeline
 # writes /tmp/flux-dev-pipeline, kept while the machine stays warm), COUNTS, STRATEGIES, STEPS (default 12),
-# WORK (default /tmp/gpu_two), OUT (default build-gpu/out), BUDGET_S (default 580).
+# WORK (default /tmp/gpu_two), OUT (default build-gpu/out), BUDGET_S (default 580). THROUGHPUT and NCCL's
+# per-step waits smoke-run on the CPU with DEVICE=cpu DTYPE=fp32 TRANSPORT=mpi SIZE=64x96 TEXT_TOKENS=32
+# MODEL=<make-tiny folder> DIFFPIPE_BIN=build/diffpipe (figures meaningless there).
 # DIFFUSERS needs the wheels of bench/fetch_wheels.sh carried in .whl/. $OUT gets summary-two.txt (this output),
 # calibration.json, and logs-two.tar.gz (every log, report and JSON).
 set -uo pipefail
@@ -45,9 +47,9 @@ trap pack EXIT
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || { echo "usage: $0 CALIBRATE|SEED|DIFFUSERS|THROUGHPUT|NCCL|KILL|ALL ..."; exit 2; }
 [ "${parts[0]}" = ALL ] && parts=(CALIBRATE SEED DIFFUSERS THROUGHPUT NCCL KILL)
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null
 nvidia-smi topo -m 2>/dev/null | head -4
-gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 [ "$gpus" -ge 2 ] || echo "NOTE: $gpus GPU(s): the 2-rank runs below share one GPU and are no measure of two"
 
 bin=${DIFFPIPE_BIN:-}
@@ -71,6 +73,13 @@ cal="$out/calibration.json"
 [ -f "$cal" ] || cal="$work/calibration.json"
 mpi2=(mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x NCCL_DEBUG)
 steps=${STEPS:-12}
+device=${DEVICE:-cuda}
+dtype=${DTYPE:-bf16}
+transport=${TRANSPORT:-nccl}
+size=${SIZE:-768x1360}
+height=${size%x*}
+width=${size#*x}
+tokens=${TEXT_TOKENS:-512}
 prompt="a photo of a red fox in the snow, golden hour"
 
 # JSON field of a file, or "-" ("a.b.0.c" paths).
@@ -83,9 +92,13 @@ print(v)" "$1" "$2" 2>/dev/null || echo "-"; }
 
 part_calibrate() {
   cal="$out/calibration.json"
-  for shape in 768x1360 1024x1024; do
-    bounded "$bin" calibrate --model "$model" --device cuda --dtype bf16 --height "${shape%x*}" --width "${shape#*x}" \
-      --text-tokens 512 --microbatch-size 1,2,4 --warmup 3 --repeat 10 --calibration "$cal" 2>&1 | grep -v "\[info\]"
+  local threads=()
+  [ "$device" = cpu ] && threads=(--threads "${OMP_NUM_THREADS:-1}")
+  for shape in $size 1024x1024; do
+    [ "$device" = cpu ] && [ "$shape" = 1024x1024 ] && continue
+    bounded "$bin" calibrate --model "$model" --device "$device" --dtype "$dtype" --height "${shape%x*}" \
+      --width "${shape#*x}" --text-tokens "$tokens" --microbatch-size 1,2,4 --warmup 3 --repeat 10 "${threads[@]}" \
+      --calibration "$cal" 2>&1 | grep -v "\[info\]"
   done
   elapsed "calibrated"
 }
@@ -164,15 +177,16 @@ EOF
 
 simulated() {  # STRATEGY MICROBATCH IMAGES: images/s the calibrated simulator predicts for 2 GPUs
   local json="$work/sim-$1-$2-$3.json"
-  "$bin" plan --model "$model" --world-size 2 --device-map "$1" --dtype bf16 --height 768 --width 1360 --text-tokens 512 \
+  "$bin" plan --model "$model" --world-size 2 --device-map "$1" --dtype "$dtype" --height "$height" --width "$width" \
+    --text-tokens "$tokens" \
     --microbatch-size "$2" --simulate --prompts "$3" --steps "$steps" --calibration "$cal" --json > "$json" 2>/dev/null \
     || { echo "-"; return; }
   field "$json" simulation.maps.0.runs.0.images_per_s
 }
 
 part_throughput() {
-  local one=(generate --model "$model" --device cuda --dtype bf16 --height 768 --width 1360 --steps "$steps"
-    --max-sequence-length 512 --seed 0 --output-type latent --prompt "$prompt" --transport-timeout 120)
+  local one=(generate --model "$model" --device "$device" --dtype "$dtype" --height "$height" --width "$width"
+    --steps "$steps" --max-sequence-length "$tokens" --seed 0 --output-type latent --prompt "$prompt" --transport-timeout 120)
   echo "images  setup                        images/s  efficiency  simulated  error   per-rank ms/microbatch step"
   for n in ${COUNTS:-1 2 4 8 16}; do
     [ "$(left)" -gt 60 ] || { echo "NOTE: out of time before $n images"; break; }
@@ -193,7 +207,7 @@ part_throughput() {
       local caps=()
       [ "$s" = pipeline ] || caps=(--max-memory "0=141GB,1=141GB")
       bounded "${mpi2[@]}" "$bin" "${one[@]}" --num-images-per-prompt "$n" --device-map "$s" "${caps[@]}" \
-        --microbatch-size "$mb" --calibration "$cal" --transport nccl --out "$work/$name.h5" \
+        --microbatch-size "$mb" --calibration "$cal" --transport "$transport" --out "$work/$name.h5" \
         --report-json "$work/$name.report.json" --report "$work/$name.rank.json" > "$work/$name.log" 2>&1 \
         || { echo "  $name failed"; grep -E "error" "$work/$name.log" | head -3; continue; }
       local chosen=$mb
