@@ -19,7 +19,8 @@
 #include "core/json_file.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
-#include "models/flux/flux_transformer.h"
+#include "models/flux/flux_config.h"
+#include "pipeline/block_timing.h"
 #include "io/model_folder.h"
 #include "pipeline/device_stats.h"
 #include "pipeline/flux_pipeline.h"
@@ -59,26 +60,6 @@ std::string transformer_dir(const std::string& model) {
   return std::filesystem::is_directory(sub) ? sub.string() : model;
 }
 
-// Median of `repeat` timed calls after `warmup` untimed ones; `prepare` (untimed) gives each call fresh inputs.
-template <typename Prepare, typename Run>
-double median_ms(const at::Device& device, int warmup, int repeat, Prepare prepare, Run run) {
-  std::vector<double> times;
-  for (int r = 0; r < warmup + repeat; ++r) {
-    auto input = prepare();
-    pipeline::synchronize(device);
-    const auto started = std::chrono::steady_clock::now();
-    run(input);
-    pipeline::synchronize(device);
-    if (r >= warmup)
-      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
-  }
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-}
-
-models::FluxActivations fresh(const models::FluxActivations& s) { return {s.image.clone(), s.text.clone(), s.temb.clone()}; }
-
 void run_calibrate(const CalibrateOptions& o) {
   c10::InferenceMode guard;
   if (o.threads > 0) at::set_num_threads(o.threads);
@@ -93,13 +74,7 @@ void run_calibrate(const CalibrateOptions& o) {
   const std::string config_path = dir + "/config.json";
   DP_CHECK(std::filesystem::exists(config_path), o.model, ": no transformer config (looked for ", config_path, ")");
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
-  DP_CHECK(config.num_layers >= 1 && config.num_single_layers >= 1, config_path,
-           ": calibration times one block of each kind; the model has ", config.num_layers, " double and ",
-           config.num_single_layers, " single blocks");
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
-  const int64_t first_single = config.num_layers;
-  const auto front = models::FluxTransformer::load(weights, config, dtype, device, {true, 0, 1, false});
-  const auto back = models::FluxTransformer::load(weights, config, dtype, device, {false, first_single, first_single + 1, true});
   const std::string name = pipeline::device_name(device);
   const std::string canonical_dtype = io::run_dtype_name(io::parse_run_dtype(dtype_name));
   // The grid generate computes for this size: with the folder's VAE factor (a pipeline folder), else FLUX's 8.
@@ -114,29 +89,11 @@ void run_calibrate(const CalibrateOptions& o) {
 
   std::vector<placement::CalibrationEntry> entries;
   for (const int64_t m : microbatches) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t{0});
-    models::FluxInputs in;
-    in.hidden_states = at::randn({m, grid.tokens(), config.in_channels}, gen).to(device, dtype);
-    in.encoder_hidden_states = at::randn({m, o.text_tokens, config.joint_attention_dim}, gen).to(device, dtype);
-    in.pooled_projections = at::randn({m, config.pooled_projection_dim}, gen).to(device, dtype);
-    in.timestep = at::full({m}, 0.75).to(device);
-    in.img_ids = pipeline::latent_image_ids(grid);
-    in.txt_ids = at::zeros({o.text_tokens, 3});
-    if (config.guidance_embeds) in.guidance = at::full({m}, 3.5).to(device);
-    const auto rope = front.rotary(in.txt_ids, in.img_ids);
-    const models::FluxActivations embedded = front.embed(in);
-    models::FluxActivations after_double = fresh(embedded);
-    front.run_blocks(after_double, rope, 0, 1);
+    const auto t = pipeline::time_flux_blocks({weights, config, dtype, device, grid, o.text_tokens, m, o.warmup, o.repeat});
     placement::CalibrationEntry e;
     e.key = {name, canonical_dtype, height, width, o.text_tokens, m};
-    e.runs = o.repeat;
-    auto none = [] { return 0; };
-    e.times.embedders_ms = median_ms(device, o.warmup, o.repeat, none, [&](int) { (void)front.embed(in); });
-    e.times.double_block_ms = median_ms(device, o.warmup, o.repeat, [&] { return fresh(embedded); },
-                                        [&](models::FluxActivations& s) { front.run_blocks(s, rope, 0, 1); });
-    e.times.single_block_ms = median_ms(device, o.warmup, o.repeat, [&] { return fresh(after_double); },
-                                        [&](models::FluxActivations& s) { back.run_blocks(s, rope, first_single, first_single + 1); });
-    e.times.output_ms = median_ms(device, o.warmup, o.repeat, none, [&](int) { (void)back.head(after_double); });
+    e.runs = t.runs;
+    e.times = {t.embedders_ms, t.double_block_ms, t.single_block_ms, t.output_ms};
     std::cerr << std::fixed << std::setprecision(3) << "  microbatch " << m << ": embedders " << e.times.embedders_ms
               << " ms, double block " << e.times.double_block_ms << " ms, single block " << e.times.single_block_ms
               << " ms, output " << e.times.output_ms << " ms\n";

@@ -536,6 +536,10 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "entry matches this run (each rank's device name, dtype, size, text tokens, microbatch size); "
                   "otherwise from FLOP-scaled times, and the log says why (default: " +
                       placement::default_calibration_path() + " when it exists)");
+  cmd->add_flag("--calibrate-on-load", o->runtime.calibrate_on_load,
+                "before the ranks load their blocks, rank 0 times one double and one single block, the embedders and "
+                "the output layers on its device at this run's shape and microbatch size (at most 2 s), and every "
+                "rank re-plans the \"pipeline\" split from those times (replacing any --calibration) and agrees on it");
   cmd->add_flag("--no-calibration", o->runtime.no_calibration,
                 "plan the \"pipeline\" split from FLOP-scaled times even when a calibration matches");
   cmd->add_option("--sequence-parallel", o->runtime.sequence_parallel,

@@ -45,6 +45,9 @@ Cases:
                  it does not; a calibration whose double/single ratio differs strongly from the FLOP model's
                  moves the "pipeline" split (plan and the ring every rank agreed on) and leaves the latents
                  bit-identical; ranks given different calibrations are refused on the plan check, naming them.
+  calibrate-on-load  --calibrate-on-load on N ranks: rank 0 times the blocks before anything loads, within its 2 s
+                 bound, every rank plans from those times (the log says so) and agrees on the split; latents
+                 bit-identical to the FLOP-scaled split's; ranks started with and without it are refused.
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
@@ -763,7 +766,7 @@ def case_calibration(binary, model, tmp, ranks):
     runs = {}
     for name, extra in (("flops", ["--no-calibration"]), ("skewed", ["--calibration", str(skewed_path)])):
         out = tmp / f"{name}.h5"
-        code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, out, ["--microbatch-size", "1"] + extra))
+        code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, out, ["--microbatch-size", "1"]) + extra)
         if code != 0:
             fail(f"{ranks} ranks ({name}) exited {code}:\n{output}")
         said = "planned from calibrated block times" if name == "skewed" else "planned from FLOP-scaled block times"
@@ -791,9 +794,34 @@ def case_calibration(binary, model, tmp, ranks):
         fail(f"a calibration of another microbatch size: exit {code}, or the log does not say why:\n{output}")
     # Ranks with different calibrations plan different splits: refused on the plan check, naming the ranks.
     command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "z.h5", ["--calibration", str(skewed_path)]) +
-               [":", "-np", "1", binary] + generate_args(model, tmp / "z.h5", ["--no-calibration"]))
+               [":", "-np", "1", binary] + generate_args(model, tmp / "z.h5") + ["--no-calibration"])
     expect_bounded_failure(command, "ranks with different calibrations", ["plan", "disagree", f"ranks {ranks - 1}:"])
 
+
+
+
+def case_calibrate_on_load(binary, model, tmp, ranks):
+    code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "flops.h5", ["--microbatch-size", "1"]) +
+                          ["--no-calibration"])
+    if code != 0:
+        fail(f"{ranks} ranks without calibration exited {code}:\n{output}")
+    code, output, seconds = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "on-load.h5",
+                                ["--microbatch-size", "1"]) + ["--calibrate-on-load"])
+    if code != 0:
+        fail(f"{ranks} ranks with --calibrate-on-load exited {code}:\n{output}")
+    measured = [line for line in output.splitlines() if "--calibrate-on-load: " in line]
+    if not measured or "planned from block times measured on load" not in output:
+        fail(f"--calibrate-on-load: no measurement or plan line logged:\n{output}")
+    took = re.search(r"measured in ([0-9.e-]+) s", measured[0])
+    if not took or float(took.group(1)) > 2.0:
+        fail(f"--calibrate-on-load took longer than its 2 s bound: {measured[0]}")
+    print(f"{ranks} ranks: {measured[0].split('] ', 2)[-1]}")
+    print(f"  ring {ring_line(output)} ({seconds:.1f} s in all)")
+    if not np.array_equal(latents(tmp / "flops.h5"), latents(tmp / "on-load.h5")):
+        fail("--calibrate-on-load changed the latents")
+    command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "z.h5") + ["--calibrate-on-load"] +
+               [":", "-np", "1", binary] + generate_args(model, tmp / "z.h5"))
+    expect_bounded_failure(command, "ranks with and without --calibrate-on-load", ["disagree", f"ranks {ranks - 1}:"])
 
 
 CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,
@@ -801,7 +829,8 @@ CASES = {"components": case_components, "incremental": case_incremental, "bounde
          "equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
          "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu,
-         "offload": case_offload, "lora": case_lora, "calibration": case_calibration}
+         "offload": case_offload, "lora": case_lora, "calibration": case_calibration,
+         "calibrate-on-load": case_calibrate_on_load}
 
 
 def main():
