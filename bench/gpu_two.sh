@@ -69,8 +69,8 @@ if [ ! -f "$model/model_index.json" ]; then  # written last: its presence means 
     || { tail -5 "$work/make-random.log"; echo "make-random --pipeline failed"; exit 1; }
   elapsed "wrote $model"
 fi
-cal="$out/calibration.json"
-[ -f "$cal" ] || cal="$work/calibration.json"
+# Kept in $WORK between calls to a warm machine ($OUT starts empty each call); copied to $OUT when written.
+cal="$work/calibration.json"
 mpi2=(mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x NCCL_DEBUG)
 steps=${STEPS:-12}
 device=${DEVICE:-cuda}
@@ -91,7 +91,6 @@ for k in sys.argv[2].split('.'):
 print(v)" "$1" "$2" 2>/dev/null || echo "-"; }
 
 part_calibrate() {
-  cal="$out/calibration.json"
   local threads=()
   [ "$device" = cpu ] && threads=(--threads "${OMP_NUM_THREADS:-1}")
   for shape in $size 1024x1024; do
@@ -100,6 +99,7 @@ part_calibrate() {
       --width "${shape#*x}" --text-tokens "$tokens" --microbatch-size 1,2,4 --warmup 3 --repeat 10 "${threads[@]}" \
       --calibration "$cal" 2>&1 | grep -v "\[info\]"
   done
+  cp "$cal" "$out/calibration.json"
   elapsed "calibrated"
 }
 
