@@ -20,9 +20,17 @@ stage times: that in-sample figure isolates the schedule model from the stage-ti
     python3 bench/simulator_check.py --diffpipe build/diffpipe --model FOLDER --calibrate 2:256x256 \\
         --predict 2:512x512 3:512x512 -- [generate flags]
 
+With --calibrated the block times come instead from `diffpipe calibrate`, run in one process at each target's
+size, dtype, text tokens and microbatch size (with OMP_NUM_THREADS threads, default 1, as each rank runs), and
+`plan --simulate --calibration FILE` predicts from them: the calibrated simulator against the measured runs.
+
+    OMP_NUM_THREADS=1 python3 bench/simulator_check.py --diffpipe build/diffpipe --model TINY --calibrated \
+        --predict 2:256x256 3:256x256 -- --prompt a --prompt b --num-images-per-prompt 2 --steps 3 \
+        --dtype fp32 --max-sequence-length 64
+
 The generate flags give the rest of the request (prompts, --num-images-per-prompt, --steps,
---microbatch-size, --dtype, --device, --device-map); not --height/--width, which each run sets. plan assumes
-512 text tokens, so leave --max-sequence-length at its default. Uses mpirun; as root set
+--microbatch-size, --dtype, --device, --device-map); not --height/--width, which each run sets. plan is given
+the run's --max-sequence-length as its --text-tokens. Uses mpirun; as root set
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1. Prints figures; it passes or fails nothing.
 """
 import argparse
@@ -131,6 +139,7 @@ def simulate(diffpipe, model, target, generate_args, timing_args, link_gbps, lat
            "--microbatch-size", flag_value(generate_args, "--microbatch-size", "1"),
            "--dtype", flag_value(generate_args, "--dtype", "fp32"),
            "--height", str(height), "--width", str(width),
+           "--text-tokens", flag_value(generate_args, "--max-sequence-length", "512"),
            "--link-gbps", f"{link_gbps:.4f}", "--link-latency-us", str(latency_us)] + timing_args
     value = flag_value(generate_args, "--max-memory")
     if value:
@@ -142,6 +151,29 @@ def simulate(diffpipe, model, target, generate_args, timing_args, link_gbps, lat
     return simulated["stage_ms"], simulated["runs"][0]
 
 
+def calibrate(diffpipe, model, target, generate_args, workdir):
+    """`diffpipe calibrate` at the target's size: the plan arguments that use it. The file's key holds the
+    transformer's shape (a tiny VAE's factor makes it differ from --height/--width), which plan is given."""
+    ranks, height, width = target
+    path = os.path.join(workdir, f"calibration-{ranks}-{height}x{width}.json")
+    cmd = [diffpipe, "calibrate", "--model", model, "--height", str(height), "--width", str(width),
+           "--dtype", flag_value(generate_args, "--dtype", "fp32"),
+           "--device", flag_value(generate_args, "--device", "cpu"),
+           "--text-tokens", flag_value(generate_args, "--max-sequence-length", "512"),
+           "--microbatch-size", flag_value(generate_args, "--microbatch-size", "1"),
+           "--threads", os.environ.get("OMP_NUM_THREADS", "1"), "--warmup", "2", "--repeat", "5",
+           "--calibration", path]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"calibrate, {label(target)}, failed:\n{done.stdout[-3000:]}")
+    with open(path) as f:
+        entry = json.load(f)["entries"][-1]
+    print(f"calibrate at {label(target)} ({entry['device']}): double {entry['double_block_ms']:.3f} ms, "
+          f"single {entry['single_block_ms']:.3f} ms, embedders {entry['embedders_ms']:.3f} ms, "
+          f"output {entry['output_ms']:.3f} ms per microbatch of {entry['microbatch']}")
+    return ["--calibration", path], (entry["height"], entry["width"])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--diffpipe", default="build/diffpipe")
@@ -151,6 +183,8 @@ def main():
     parser.add_argument("--link-gbps", type=float, default=None,
                         help="link bandwidth for the simulation (default: measured in the calibration run)")
     parser.add_argument("--link-latency-us", type=float, default=20.0)
+    parser.add_argument("--calibrated", action="store_true",
+                        help="predict from `diffpipe calibrate` at each target instead of a calibration run")
     parser.add_argument("generate_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     generate_args = [a for a in args.generate_args if a != "--"]
@@ -160,11 +194,16 @@ def main():
     calibration = parse_target(args.calibrate)
     targets = [parse_target(t) for t in args.predict]
     for target in targets:
-        if target == calibration:
+        if target == calibration and not args.calibrated:
             sys.exit(f"{label(target)} is the calibration run itself: an in-sample check; pick another target")
     with open(os.path.join(args.model, "transformer", "config.json")) as f:
         double_blocks = json.load(f)["num_layers"]
 
+    if args.calibrated:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        with tempfile.TemporaryDirectory() as workdir:
+            check_calibrated(args, generate_args, targets, workdir)
+        return
     with tempfile.TemporaryDirectory() as workdir:
         reports = run_measured(args.diffpipe, args.model, calibration, generate_args, workdir)
         stages = stages_of(reports)
@@ -199,6 +238,32 @@ def main():
         print("\nout-of-sample throughput error (predicted / measured images/s - 1):")
         for target, p, m in summary:
             print(f"  {label(target):28} {(p / m - 1) * 100:+6.1f}%  (predicted {p:.4g}, measured {m:.4g})")
+
+
+def check_calibrated(args, generate_args, targets, workdir):
+    """The calibrated simulator against measured runs: error printed, nothing passed or failed."""
+    summary = []
+    for target in targets:
+        timing, (plan_height, plan_width) = calibrate(args.diffpipe, args.model, target, generate_args, workdir)
+        link = args.link_gbps if args.link_gbps is not None else 10.0
+        predicted_ms, predicted = simulate(args.diffpipe, args.model, (target[0], plan_height, plan_width),
+                                           generate_args, timing, link, args.link_latency_us)
+        reports = run_measured(args.diffpipe, args.model, target, generate_args, workdir)
+        measured_stages = stages_of(reports)
+        measured_wall = reports[0]["denoise_wall_seconds"]
+        images = predicted["images"]
+        print(f"\n{label(target)}: predicted from calibrate, then measured (link {link:.2f} GB/s)")
+        print(f"  {'':30} {'predicted':>10} {'measured':>10} {'error':>8}")
+        rows = [("denoise wall s", predicted["total_s"], measured_wall),
+                ("images/s", predicted["images_per_s"], images / measured_wall)]
+        for ms, (report, measured_ms) in zip(predicted_ms, measured_stages):
+            rows.append((f"rank {report['rank']} stage ms/step", ms, measured_ms))
+        for name, p, m in rows:
+            print(f"  {name:30} {p:10.4g} {m:10.4g} {(p / m - 1) * 100 if m else float('nan'):7.1f}%")
+        summary.append((target, predicted["images_per_s"], images / measured_wall))
+    print("\ncalibrated simulator, throughput error (predicted / measured images/s - 1):")
+    for target, p, m in summary:
+        print(f"  {label(target):28} {(p / m - 1) * 100:+6.1f}%  (predicted {p:.4g}, measured {m:.4g})")
 
 
 if __name__ == "__main__":

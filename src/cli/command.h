@@ -36,6 +36,10 @@ inline constexpr const char* kForwardSummary =
     "Run the FLUX transformer on seeded random inputs and time it, whole or split into stages (as ranks would "
     "split it)";
 
+inline constexpr const char* kCalibrateSummary =
+    "Time one double block, one single block, the embedders and the output layers on a device at a run's shape "
+    "and microbatch sizes, for plan and generate to split the \"pipeline\" strategy by";
+
 // Exit code a command callback asks main to return (0 unless the command sets it).
 int& command_exit_code();
 

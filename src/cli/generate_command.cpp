@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "cli/generate_inputs.h"
+#include "cli/generate_microbatch.h"
 #include "cli/generate_paths.h"
 #include "cli/torch_boundary.h"
 #include "core/atomic_file.h"
@@ -28,6 +29,7 @@
 #include "io/torch_tensors.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/memory_estimate.h"
+#include "placement/calibration.h"
 #include "placement/mesh.h"
 #include "runtime/components.h"
 #include "io/parallel_load.h"
@@ -387,6 +389,12 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   const auto transformer = models::FluxConfig::from_json(read_json_file(transformer_config_path), transformer_config_path);
   placement::check_mesh(world.size(), o.runtime.sequence_parallel,
                         {transformer.num_attention_heads, request.max_sequence_length, grid.tokens()});
+  // --microbatch-size 0: the size with the most simulated images/s, chosen before anything loads (every rank the
+  // same; the request agreement includes it).
+  if (o.runtime.microbatch_size == 0)
+    o.runtime.microbatch_size = choose_generate_microbatch(o.runtime, request, grid, o.model,
+                                                           world.size() / std::max(o.runtime.sequence_parallel, 1),
+                                                           this_rank_device, world.is_coordinator());
   // Which rank runs CLIP, T5 and the VAE, checked here, before any weight is read: a map that names a GPU past
   // the world is refused naming the component. The rank that decodes checks the VAE's activations.
   const auto components = runtime::plan_components(flux.folder(), o.runtime.pipeline_device_map,
@@ -538,8 +546,22 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "shows it (GPU d is rank d; \"cpu\" is the coordinator on its CPU). Default: rank 0 runs all three");
   cmd->add_option("--microbatch-size", o->runtime.microbatch_size,
                   "images per microbatch in the denoising ring; with several microbatches every rank is busy "
-                  "(latents equal for any world size at the same microbatch size)")
+                  "(latents equal for any world size at the same microbatch size). 0: choose the size with the most "
+                  "simulated images/s for the images, ranks and --max-memory, from the calibration's times and "
+                  "microbatch efficiency curve when one matches (else FLOP-scaled times and a stated default curve); "
+                  "the log says which and why")
       ->capture_default_str();
+  cmd->add_option("--calibration", o->runtime.calibration,
+                  "block times written by `diffpipe calibrate`: the \"pipeline\" split is planned from them when an "
+                  "entry matches this run (each rank's device name, dtype, size, text tokens, microbatch size); "
+                  "otherwise from FLOP-scaled times, and the log says why (default: " +
+                      placement::default_calibration_path() + " when it exists)");
+  cmd->add_flag("--calibrate-on-load", o->runtime.calibrate_on_load,
+                "before the ranks load their blocks, rank 0 times one double and one single block, the embedders and "
+                "the output layers on its device at this run's shape and microbatch size (at most 2 s), and every "
+                "rank re-plans the \"pipeline\" split from those times (replacing any --calibration) and agrees on it");
+  cmd->add_flag("--no-calibration", o->runtime.no_calibration,
+                "plan the \"pipeline\" split from FLOP-scaled times even when a calibration matches");
   cmd->add_option("--sequence-parallel", o->runtime.sequence_parallel,
                   "K ranks per pipeline stage that split each image's text and image tokens (Ulysses: an all-to-all "
                   "around every attention, exact). The world is a mesh of S stage groups x K ranks (world size = "

@@ -17,8 +17,11 @@
 #include "cli/plan_simulation.h"
 #include "core/error.h"
 #include "io/run_dtype.h"
+#include "placement/calibration.h"
 #include "placement/mesh.h"
 #include "placement/mesh_simulation.h"
+#include "placement/microbatch_choice.h"
+#include "placement/flux_module_tree.h"
 #include "placement/plan.h"
 #include "placement/ring_simulator.h"
 
@@ -43,8 +46,13 @@ struct PlanOptions {
   bool prompts_given = false;
   int64_t microbatch_size = 0;  // when not given: --batch
   bool microbatch_given = false;
+  bool batch_given = false;
   std::string stage_ms;
   bool sequence_parallel_given = false;
+  // Measured block times (placement/calibration.h): --calibration FILE, else the default file when it exists.
+  std::string calibration;
+  std::string calibration_device;
+  bool no_calibration = false;
 };
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -258,6 +266,54 @@ void apply_sequence_parallel(PlanOptions& o) {
   r.timing.sequence_parallel = k;
 }
 
+// The microbatch size with the most simulated images/s for --prompts x --images-per-prompt on the world, under the
+// memory caps, from the calibration's times and curve when there is one (placement/microbatch_choice.h).
+nlohmann::ordered_json choose_plan_microbatch(const PlanOptions& o) {
+  const auto& r = o.request;
+  placement::MicrobatchRequest m;
+  m.config = placement::read_transformer_config(r.model_dir);
+  const auto tree = placement::flux_module_tree(m.config, r.dtype);
+  m.tree = &tree;
+  const int world = r.world_size ? *r.world_size : 0;
+  if (r.max_memory) {
+    m.max_memory = *r.max_memory;
+  } else {
+    for (int g = 0; g < std::max(world, 1); ++g) m.max_memory.set(placement::Device::gpu(g), r.gpu_memory_bytes);
+  }
+  m.timing = r.timing;
+  m.dtype = r.dtype;
+  m.cuda_caps = r.cuda_caps;
+  m.images = o.simulation.prompts * o.simulation.images_per_prompt;
+  m.steps = o.simulation.steps;
+  m.euler_ms = o.simulation.euler_ms;
+  m.link = placement::link_preset(o.simulation.link);
+  if (!std::isnan(o.simulation.link_gbps)) m.link.gb_per_s = o.simulation.link_gbps;
+  if (!std::isnan(o.simulation.link_latency_us)) m.link.latency_us = o.simulation.link_latency_us;
+  m.key = {o.calibration_device, io::run_dtype_name(r.dtype), r.timing.height, r.timing.width, r.timing.text_tokens, 0};
+  const auto choice_of_file = placement::choose_calibration(o.calibration, {m.key.device, m.key.dtype, m.key.height,
+                                                                            m.key.width, m.key.text_tokens, 1});
+  for (const auto& e : choice_of_file.entries) {
+    if (!m.key.device.empty() && e.key.device != m.key.device) continue;
+    m.calibrations.push_back(e);
+  }
+  // Entries of several devices for this shape: only with --calibration-device (find_calibration's rule).
+  std::set<std::string> devices;
+  for (const auto& e : m.calibrations)
+    if (e.key.dtype == m.key.dtype && e.key.height == m.key.height && e.key.width == m.key.width &&
+        e.key.text_tokens == m.key.text_tokens)
+      devices.insert(e.key.device);
+  if (devices.size() > 1) m.calibrations.clear();
+  else if (devices.size() == 1) m.key.device = *devices.begin();
+  m.curve = placement::efficiency_curve(m.calibrations, m.key);
+  const auto choice = placement::choose_microbatch(m);
+  nlohmann::ordered_json out = {{"chosen", choice.size}, {"reason", choice.reason}, {"curve_source", m.curve.source},
+                                {"candidates", nlohmann::ordered_json::array()}};
+  for (const auto& c : choice.candidates)
+    out["candidates"].push_back({{"microbatch", c.size}, {"fits", c.fits}, {"images_per_s", c.images_per_s},
+                                 {"max_stage_ms", c.max_stage_ms}, {"times", c.times}, {"why_not", c.why_not}});
+  return out;
+}
+
 void run_plan(PlanOptions& o) {
   auto& r = o.request;
   if (o.sequence_parallel_given) apply_sequence_parallel(o);
@@ -281,6 +337,29 @@ void run_plan(PlanOptions& o) {
     DP_CHECK(o.microbatch_size >= 1, "--microbatch-size must be at least 1, got ", o.microbatch_size);
     r.timing.batch = o.microbatch_size;  // generate plans at its microbatch size too
   }
+  // --simulate --prompts P without a microbatch size: the size that maximises simulated images/s is chosen and
+  // the plan made at it (placement/microbatch_choice.h).
+  nlohmann::ordered_json microbatch_choice;
+  if (o.simulate && o.prompts_given && !o.microbatch_given && !o.batch_given && !o.no_calibration &&
+      r.device_map == "pipeline" && o.simulation.sequence_parallel == 1 && o.stage_ms.empty()) {
+    microbatch_choice = choose_plan_microbatch(o);
+    r.timing.batch = microbatch_choice["chosen"].get<int64_t>();
+  }
+  nlohmann::ordered_json calibration = {{"used", false}};
+  if (o.no_calibration) {
+    DP_CHECK(o.calibration.empty(), "--calibration and --no-calibration contradict each other");
+    calibration["message"] = "planned from FLOP-scaled block times (--no-calibration)";
+  } else {
+    const placement::CalibrationKey key{o.calibration_device, io::run_dtype_name(r.dtype), r.timing.height,
+                                        r.timing.width, r.timing.text_tokens, r.timing.batch};
+    const auto choice = placement::choose_calibration(o.calibration, key);
+    if (choice.entry) {
+      r.timing.calibrated = choice.entry->times;
+      r.timing.calibration_source = choice.source;
+      calibration = {{"used", true}, {"file", choice.path}, {"device", choice.entry->key.device}};
+    }
+    calibration["message"] = choice.message;
+  }
   auto& sim = o.simulation;
   if (o.simulate || o.sweep) {
     DP_CHECK(!o.prompts_given || sim.prompts >= 1, "--prompts must be at least 1, got ", sim.prompts);
@@ -293,6 +372,8 @@ void run_plan(PlanOptions& o) {
     if (!o.stage_ms.empty()) sim.stage_ms = parse_stage_ms(o.stage_ms);
   }
   auto plan = placement::make_plan(r);
+  plan["calibration"] = calibration;
+  if (!microbatch_choice.is_null()) plan["microbatch_choice"] = microbatch_choice;
   const int world = plan["world_size"].get<int>() * sim.sequence_parallel;
   if (sim.sequence_parallel > 1)
     plan["mesh"] = {{"world_size", world}, {"stages", plan["world_size"]}, {"sequence_parallel", sim.sequence_parallel},
@@ -317,6 +398,8 @@ void run_plan(PlanOptions& o) {
     std::cout << plan.dump(2) << "\n";
     return;
   }
+  std::cout << "times: " << plan["calibration"]["message"].get<std::string>() << "\n";
+  if (plan.contains("microbatch_choice")) std::cout << "microbatch: " << plan["microbatch_choice"]["reason"].get<std::string>() << "\n";
   print_plan(plan);
   if (plan.contains("simulation")) print_simulation(plan["simulation"]);
   if (plan.contains("simulation_sweep")) print_sweep(plan["simulation_sweep"]);
@@ -357,6 +440,16 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--block-times", o->block_times,
                   "measured ms per double,single block (H200 bf16 at 1024x1024: 3.07,2.85); default: FLOPs only");
   cmd->add_option("--block-times-at", o->block_times_at, "resolution the block times were measured at")->capture_default_str();
+  cmd->add_option("--calibration", o->calibration,
+                  "block times written by `diffpipe calibrate`: used when an entry matches the dtype, --height,\n"
+                  "--width, --text-tokens and --microbatch-size (default: " + placement::default_calibration_path() +
+                      " when it exists)");
+  cmd->add_option("--calibration-device", o->calibration_device,
+                  "the device whose calibration to plan from (a GPU name as calibrate wrote it; needed when the\n"
+                  "file has entries of several devices for this run)");
+  cmd->add_flag("--no-calibration", o->no_calibration, "plan from FLOP-scaled times even when a calibration matches");
+  cmd->add_option("--text-tokens", o->request.timing.text_tokens, "text tokens (T5 max_sequence_length)")
+      ->capture_default_str();
   cmd->add_option("--tflops", o->request.timing.sustained_tflops, "sustained TFLOP/s for the FLOP-only estimate")
       ->capture_default_str();
   cmd->add_flag("--cuda-caps", o->request.cuda_caps,
@@ -406,11 +499,12 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--stage-ms", o->stage_ms,
                   "replace the planned compute time of each ring stage of this map (ms per microbatch step, in ring\n"
                   "order), e.g. measured ones from generate --report");
-  cmd->callback([o, world_size, prompts, microbatch, sequence_parallel] {
+  cmd->callback([o, world_size, prompts, microbatch, sequence_parallel, batch] {
     if (world_size->count() > 0) o->request.world_size = o->world_size;
     o->sequence_parallel_given = sequence_parallel->count() > 0;
     o->prompts_given = prompts->count() > 0;
     o->microbatch_given = microbatch->count() > 0;
+    o->batch_given = batch->count() > 0;
     run_plan(*o);
   });
 });

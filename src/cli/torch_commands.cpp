@@ -11,6 +11,8 @@ void list_only(CLI::App& root, const char* name, const char* summary) {
 
 CommandRegistrar generate("generate", 10, [](CLI::App& root) { list_only(root, "generate", kGenerateSummary); },
                           /*runs_in_torch_binary=*/true);
+CommandRegistrar calibrate("calibrate", 45, [](CLI::App& root) { list_only(root, "calibrate", kCalibrateSummary); },
+                           /*runs_in_torch_binary=*/true);
 CommandRegistrar forward("forward", 40, [](CLI::App& root) { list_only(root, "forward", kForwardSummary); },
                          /*runs_in_torch_binary=*/true);
 

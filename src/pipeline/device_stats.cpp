@@ -4,7 +4,9 @@
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <ATen/cuda/CUDAContext.h>
 #endif
+#include <ATen/Parallel.h>
 
 #include "core/error.h"
 #include "core/memory_stats.h"
@@ -21,6 +23,15 @@ c10::DeviceIndex initialised_cuda_index(const at::Device& device) {
 }
 }  // namespace
 #endif
+
+std::string device_name(const at::Device& device) {
+  if (!device.is_cuda()) return str("cpu (", at::get_num_threads(), " threads)");
+#ifdef DIFFPIPE_HAVE_CUDA
+  return at::cuda::getDeviceProperties(initialised_cuda_index(device))->name;
+#else
+  DP_FAIL("this build has no CUDA support");
+#endif
+}
 
 void synchronize(const at::Device& device) {
   if (!device.is_cuda()) return;

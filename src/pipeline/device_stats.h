@@ -3,11 +3,15 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dp::pipeline {
 
 // Waits for queued device work, so that host clocks measure it.
 void synchronize(const at::Device& device);
+// What calibrations are keyed by: the GPU's name as CUDA reports it ("NVIDIA H200"), or on CPU
+// "cpu (N threads)" with LibTorch's intra-op thread count, which sets the CPU's speed as much as the chip.
+std::string device_name(const at::Device& device);
 // Peak bytes allocated by LibTorch's caching allocator on a CUDA device since the last reset; on CPU, the
 // process's peak resident set size (core/memory_stats).
 uint64_t peak_memory_bytes(const at::Device& device);

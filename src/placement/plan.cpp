@@ -225,7 +225,10 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   } catch (const Error& e) {
     comparison["pipeline"] = {{"strategy", "pipeline"}, {"infeasible", e.what()}};
   }
-  comparison["timing_source"] = request.timing.measured() ? "measured block times scaled by FLOPs" : "FLOPs at the sustained TFLOP/s";
+  comparison["timing_source"] = request.timing.calibrated ? "calibrated " + request.timing.calibration_source
+                                : request.timing.measured() ? std::string("FLOP-scaled: measured block times scaled by FLOPs")
+                                                            : std::string("FLOP-scaled: FLOPs at the sustained TFLOP/s");
+  comparison["calibrated"] = request.timing.calibrated.has_value();
   comparison["resolution"] = std::to_string(request.timing.height) + "x" + std::to_string(request.timing.width);
   plan["comparison"] = comparison;
 

@@ -92,6 +92,18 @@ std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& c, const Modul
   } else {
     DP_CHECK(t.sustained_tflops > 0, "sustained TFLOP/s must be positive, got ", t.sustained_tflops);
   }
+  // Calibrated: each kind's ms per FLOP from its measured time at this very shape and microbatch (K = 1), so a
+  // rank's share at K > 1 scales by the FLOPs of the share.
+  double embedders_ms_per_flop = double_ms_per_flop, output_ms_per_flop = double_ms_per_flop;
+  if (t.calibrated) {
+    const CalibratedTimes& m = *t.calibrated;
+    DP_CHECK(m.double_block_ms > 0 && m.single_block_ms > 0 && m.embedders_ms >= 0 && m.output_ms >= 0,
+             "calibrated times must be positive (blocks) and non-negative (embedders, output)");
+    double_ms_per_flop = m.double_block_ms / (double_block_flops(c, t.height, t.width, t.text_tokens) * batch);
+    single_ms_per_flop = m.single_block_ms / (single_block_flops(c, t.height, t.width, t.text_tokens) * batch);
+    embedders_ms_per_flop = m.embedders_ms / (embedder_flops(c, t.height, t.width, t.text_tokens, 1) * batch);
+    output_ms_per_flop = m.output_ms / (output_flops(c, t.height, t.width, 1) * batch);
+  }
   std::vector<TimedUnit> units;
   auto add = [&](std::string name, std::vector<std::string> modules, double flops, double ms_per_flop) {
     TimedUnit u{std::move(name), std::move(modules), 0, flops, flops * ms_per_flop};
@@ -99,7 +111,7 @@ std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& c, const Modul
     units.push_back(std::move(u));
   };
   add("embedders", {"pos_embed", "time_text_embed", "context_embedder", "x_embedder"},
-      embedder_flops(c, t.height, t.width, t.text_tokens, k) * batch, double_ms_per_flop);
+      embedder_flops(c, t.height, t.width, t.text_tokens, k) * batch, embedders_ms_per_flop);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string name = "transformer_blocks." + std::to_string(i);
     add(name, {name}, fd, double_ms_per_flop);
@@ -108,7 +120,7 @@ std::vector<TimedUnit> flux_timed_units(const models::FluxConfig& c, const Modul
     const std::string name = "single_transformer_blocks." + std::to_string(i);
     add(name, {name}, fs, single_ms_per_flop);
   }
-  add("output", {"norm_out", "proj_out"}, output_flops(c, t.height, t.width, k) * batch, double_ms_per_flop);
+  add("output", {"norm_out", "proj_out"}, output_flops(c, t.height, t.width, k) * batch, output_ms_per_flop);
   return units;
 }
 

@@ -11,6 +11,7 @@
 
 #include "io/safetensors.h"
 #include "models/flux/flux_config.h"
+#include "placement/calibration.h"
 #include "placement/auto_device_map.h"
 #include "placement/module_tree.h"
 
@@ -31,6 +32,11 @@ struct TimingModel {
   // K of a mesh (placement/mesh.h): every figure is then one rank's, in a stage group of K ranks that split the
   // tokens (Ulysses). 1: one GPU per stage, as before.
   int sequence_parallel = 1;
+  // Times `diffpipe calibrate` measured at exactly this shape, dtype and microbatch (batch) on the run's device
+  // (placement/calibration.h). They replace the FLOP model for every unit; with sequence_parallel K, a rank's
+  // share is the calibrated time scaled by the FLOPs of its share. calibration_source names the file and key.
+  std::optional<CalibratedTimes> calibrated;
+  std::string calibration_source;
   bool measured() const { return double_block_ms.has_value() && single_block_ms.has_value(); }
 };
 

@@ -2,7 +2,10 @@
 
 #include <torch/headeronly/version.h>
 
+#include <array>
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +17,9 @@
 #include "io/torch_tensors.h"
 #include "io/weight_index.h"
 #include "models/flux/flux_config.h"
+#include "pipeline/block_timing.h"
+#include "pipeline/device_stats.h"
+#include "placement/calibration.h"
 #include "placement/mesh.h"
 #include "placement/plan.h"
 #include "runtime/transports.h"
@@ -53,7 +59,8 @@ std::string read_text(const std::string& path) {
 // The device map over the mesh's stage groups (GPU d is group d).
 TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                                  const pipeline::LatentGrid& grid, const RuntimeOptions& options,
-                                 const placement::MeshShape& shape) {
+                                 const placement::MeshShape& shape, const at::Device& device,
+                                 const std::optional<placement::CalibratedTimes>& measured_on_load = std::nullopt) {
   const int world_size = shape.stages;
   placement::PlanRequest plan_request;
   plan_request.model_dir = flux.folder().dir();
@@ -68,10 +75,31 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   plan_request.timing.width = grid.width / 2 * 16;
   plan_request.timing.batch = options.microbatch_size;
   plan_request.timing.text_tokens = request.max_sequence_length;
+  TransformerPlan out;
+  if (plan_request.device_map == "pipeline" && measured_on_load) {
+    plan_request.timing.calibrated = *measured_on_load;
+    plan_request.timing.calibration_source = str("--calibrate-on-load (rank 0's ", pipeline::device_name(device), ")");
+    out.times_from = "planned from block times measured on load: " + plan_request.timing.calibration_source;
+  } else if (plan_request.device_map == "pipeline" && !options.no_calibration) {
+    // Each rank looks up its own device; ranks that found different times plan different splits, which the plan
+    // agreement then refuses naming both.
+    const placement::CalibrationKey key{pipeline::device_name(device), io::run_dtype_name(plan_request.dtype),
+                                        plan_request.timing.height, plan_request.timing.width,
+                                        plan_request.timing.text_tokens, plan_request.timing.batch};
+    const auto choice = placement::choose_calibration(options.calibration, key);
+    if (choice.entry) {
+      plan_request.timing.calibrated = choice.entry->times;
+      plan_request.timing.calibration_source = choice.source;
+    }
+    out.times_from = choice.message;
+  } else {
+    out.times_from = plan_request.device_map == "pipeline"
+                         ? "planned from FLOP-scaled block times (--no-calibration)"
+                         : str("--device-map ", plan_request.device_map, " places by memory, not by time");
+  }
   const auto plan = placement::make_plan(plan_request);
   const std::string config_path = flux.folder().component("transformer").path + "/config.json";
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
-  TransformerPlan out;
   out.hf_device_map = plan.at("hf_device_map");
   try {
     out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
@@ -83,7 +111,8 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   Fnv fnv;
   fnv.add(out.hf_device_map.dump());
   for (const auto& s : out.stages) fnv.add(placement::describe_stage(s));
-  out.digest = plan_request.device_map + " " + fnv.hex();
+  out.digest = plan_request.device_map + " " + fnv.hex() +
+               (plan_request.timing.calibrated ? " calibrated " + plan_request.timing.calibration_source : std::string());
   if (shape.sequence_parallel > 1) out.digest += str(" mesh ", shape.stages, "x", shape.sequence_parallel);
   return out;
 }
@@ -97,7 +126,62 @@ std::string request_digest(const pipeline::GenerateRequest& request, const Runti
              request.guidance, ", ", io::run_dtype_name(request.dtype), ", ", request.max_sequence_length,
              " tokens, microbatch ", options.microbatch_size, ", device ", request.device.type() == at::kCUDA ? "cuda" : "cpu",
              ", components ", options.pipeline_device_map.empty() ? "on the coordinator" : options.pipeline_device_map,
-             ", max_memory ", options.max_memory);
+             ", max_memory ", options.max_memory, options.calibrate_on_load ? ", --calibrate-on-load" : "");
+}
+
+// The seconds --calibrate-on-load may take, loading the timed parts included.
+constexpr double kCalibrateOnLoadSeconds = 2.0;
+
+// --calibrate-on-load: before any rank loads its blocks, rank 0 times one block of each kind, the embedders and
+// the output layers on its device at this run's shape and microbatch size (bounded), shares the four times, and
+// every rank re-plans the "pipeline" split from them and agrees on it again. Rank 0 alone measures: the ranks'
+// GPUs are one kind (their names would differ in the plan otherwise), and one measurement keeps every rank's
+// plan identical by construction.
+void calibrate_on_load(RunContext& run, const placement::MeshShape& shape, double timeout) {
+  const World& world = run.world;
+  const auto& options = run.options;
+  const std::string device_map = options.device_map.empty() ? "pipeline" : options.device_map;
+  if (device_map != "pipeline" || shape.sequence_parallel > 1) {
+    if (world.is_coordinator())
+      DP_INFO("--calibrate-on-load: not used (it re-plans the \"pipeline\" split of one rank per stage; this run has "
+              "--device-map ", device_map, shape.sequence_parallel > 1 ? " and --sequence-parallel" : "", ")");
+    return;
+  }
+  const at::Device device = rank_device(run.request.device, world);
+  std::array<double, 4> ms = {0, 0, 0, 0};
+  if (world.is_coordinator()) {
+    const auto started = std::chrono::steady_clock::now();
+    const std::string config_path = run.transformer_dir + "/config.json";
+    pipeline::BlockTimingRequest timing;
+    timing.weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(run.transformer_dir));
+    timing.config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
+    timing.dtype = run.request.dtype;
+    timing.device = device;
+    timing.grid = run.grid;
+    timing.text_tokens = run.request.max_sequence_length;
+    timing.microbatch = std::min<int64_t>(options.microbatch_size, run.batch());
+    timing.warmup = 1;
+    timing.repeat = 5;
+    timing.max_seconds = kCalibrateOnLoadSeconds * 0.75;  // the rest for loading the timed parts and the re-plan
+    const auto t = pipeline::time_flux_blocks(timing);
+    pipeline::release_cached_memory(device);
+    ms = {t.embedders_ms, t.double_block_ms, t.single_block_ms, t.output_ms};
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DP_INFO("--calibrate-on-load: ", pipeline::device_name(device), ", microbatch ", timing.microbatch, ": double block ",
+            t.double_block_ms, " ms, single block ", t.single_block_ms, " ms, embedders ", t.embedders_ms,
+            " ms, output ", t.output_ms, " ms (median of ", t.runs, " run(s)); measured in ", seconds, " s (bound ",
+            kCalibrateOnLoadSeconds, " s)");
+  }
+  // Shared in units of 0.1 us: an int holds up to 214 s per unit.
+  placement::CalibratedTimes shared;
+  double* fields[] = {&shared.embedders_ms, &shared.double_block_ms, &shared.single_block_ms, &shared.output_ms};
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const int tenths_of_us = world.share_from_coordinator(
+        static_cast<int>(std::min(std::max(ms[i], 0.0) * 1e4, 2.0e9)), timeout);
+    *fields[i] = std::max(tenths_of_us, 1) / 1e4;  // a block of 0 ms would not plan; 0.1 us is "nothing"
+  }
+  run.plan = plan_transformer(run.flux, run.request, run.grid, options, shape, device, shared);
+  world.agree("plan after --calibrate-on-load (device map and block ranges)", run.plan.digest, timeout);
 }
 
 }  // namespace
@@ -156,13 +240,15 @@ void agree_phase(RunContext& run) {
   // Before anything loads: a component map naming a rank past the world is refused here, on every rank.
   run.components = plan_components(run.flux.folder(), options.pipeline_device_map, options.max_memory, request.dtype,
                                    world.size(), shape.sequence_parallel);
-  run.plan = plan_transformer(run.flux, request, run.grid, options, shape);
+  run.plan = plan_transformer(run.flux, request, run.grid, options, shape, rank_device(request.device, world));
   world.agree("plan (device map and block ranges)", run.plan.digest, timeout);
+  if (options.calibrate_on_load) calibrate_on_load(run, shape, timeout);
   run.mesh.emplace(run.plan.stages, shape, request.max_sequence_length, run.grid.tokens());
   if (world.is_coordinator()) {
     const std::string mesh = shape.sequence_parallel == 1 ? std::string()
         : str("; mesh ", shape.stages, " stage group(s) x ", shape.sequence_parallel, " sequence-parallel ranks (",
               request.max_sequence_length, " text and ", run.grid.tokens(), " image tokens split over each group)");
+    DP_INFO("runtime: split ", run.plan.times_from);
     DP_INFO("runtime: ring ", run.layout().describe(), mesh, "; hf_device_map ", run.plan.hf_device_map.dump());
     const char* source = run.components.from_map ? " (--pipeline-device-map balanced)" : " (the coordinator)";
     DP_INFO("phase encode: hf_device_map ", run.components.encode_map().dump(), source);

@@ -23,6 +23,13 @@ struct RuntimeOptions {
   // "" or "balanced": which ranks run CLIP, T5 and the VAE (runtime/components.h).
   std::string pipeline_device_map;
   int64_t microbatch_size = 1;
+  // --calibration: block times from `diffpipe calibrate` for the "pipeline" split when an entry matches this run
+  // (this rank's device name, dtype, size, text tokens, microbatch); empty: the default file when it exists.
+  std::string calibration;
+  bool no_calibration = false;
+  // --calibrate-on-load: rank 0 times one block of each kind on its device before any rank loads (bounded to
+  // 2 s), and every rank re-plans the "pipeline" split from those times and agrees on it (agree_phase.cpp).
+  bool calibrate_on_load = false;
   // --sequence-parallel K: the world is S stage groups x K ranks (runtime/mesh_layout.h); the device map plans the
   // S groups (GPU d is group d) and the K ranks of a group split each image's tokens (Ulysses attention).
   int sequence_parallel = 1;

@@ -40,6 +40,7 @@ struct TransformerPlan {
   nlohmann::ordered_json hf_device_map;
   std::vector<placement::RankStage> stages;
   std::string digest;
+  std::string times_from;  // which block times the split was planned from (calibrated FILE, FLOP-scaled), and why
 };
 
 struct RunContext {

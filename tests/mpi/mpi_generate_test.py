@@ -40,6 +40,15 @@ Cases:
                  named with the key; a truncated adapter, one for another model and a run config listing 10000
                  adapters end the job at once with one message naming the file (or the count).
 
+  calibration    `diffpipe calibrate` on the CPU writes a valid file keyed "cpu (1 threads)"; plan and N ranks of
+                 generate say they planned from it when it matches, and from FLOP-scaled times (saying why) when
+                 it does not; a calibration whose double/single ratio differs strongly from the FLOP model's
+                 moves the "pipeline" split (plan and the ring every rank agreed on) and leaves the latents
+                 bit-identical; ranks given different calibrations are refused on the plan check, naming them.
+  calibrate-on-load  --calibrate-on-load on N ranks: rank 0 times the blocks before anything loads, within its 2 s
+                 bound, every rank plans from those times (the log says so) and agrees on the split; latents
+                 bit-identical to the FLOP-scaled split's; ranks started with and without it are refused.
+
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
 import argparse
 import os
@@ -718,12 +727,110 @@ def case_lora(binary, model, tmp, ranks):
                            "a run config with 10000 adapters", ["10000 LoRA adapters", "at most 64"])
 
 
+
+def calibration_file(path, entries):
+    import json
+    path.write_text(json.dumps({"format": "diffpipe-calibration", "version": 1, "entries": entries}))
+
+
+def ring_line(output):
+    lines = [line for line in output.splitlines() if "runtime: ring" in line]
+    if not lines:
+        fail(f"no ring was logged:\n{output}")
+    return lines[0].split("runtime: ring", 1)[1].split("; hf_device_map")[0].strip()
+
+
+def case_calibration(binary, model, tmp, ranks):
+    import json
+    real = tmp / "real.json"
+    code, output, _ = run([binary, "calibrate", "--model", str(model), "--threads", "1", "--dtype", "fp32",
+                           "--height", "64", "--width", "96", "--text-tokens", "32", "--microbatch-size", "1,2",
+                           "--warmup", "1", "--repeat", "3", "--calibration", str(real)])
+    if code != 0 or "wrote 2 entries" not in output:
+        fail(f"calibrate exited {code}:\n{output}")
+    entries = json.loads(real.read_text())["entries"]
+    if [e["device"] for e in entries] != ["cpu (1 threads)"] * 2 or [e["microbatch"] for e in entries] != [1, 2]:
+        fail(f"calibrate wrote {entries}")
+    key = entries[0]
+    print(f"calibrate: {key['device']} {key['height']}x{key['width']}: double {key['double_block_ms']:.3f} ms, "
+          f"single {key['single_block_ms']:.3f} ms")
+    # The measured file matches generate's run (same device name, dtype, shape, tokens, microbatch).
+    code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "real.h5",
+                          ["--microbatch-size", "1", "--calibration", str(real)]))
+    if code != 0 or "planned from calibrated block times: " + str(real) not in output:
+        fail(f"{ranks} ranks with the measured calibration exited {code} or did not say so:\n{output}")
+    # One that differs from the FLOP model: double blocks 20x a single block.
+    skewed = dict(key, double_block_ms=20.0, single_block_ms=1.0, embedders_ms=0.0, output_ms=0.0)
+    skewed_path = tmp / "skewed.json"
+    calibration_file(skewed_path, [skewed])
+    runs = {}
+    for name, extra in (("flops", ["--no-calibration"]), ("skewed", ["--calibration", str(skewed_path)])):
+        out = tmp / f"{name}.h5"
+        code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, out, ["--microbatch-size", "1"]) + extra)
+        if code != 0:
+            fail(f"{ranks} ranks ({name}) exited {code}:\n{output}")
+        said = "planned from calibrated block times" if name == "skewed" else "planned from FLOP-scaled block times"
+        if said not in output:
+            fail(f"{ranks} ranks ({name}) did not say '{said}':\n{output}")
+        runs[name] = (ring_line(output), latents(out))
+        print(f"{ranks} ranks, {name}: ring {runs[name][0]}")
+    if runs["flops"][0] == runs["skewed"][0]:
+        fail(f"the calibrated split is the FLOP-scaled one: {runs['flops'][0]}")
+    if not np.array_equal(runs["flops"][1], runs["skewed"][1]):
+        fail("the calibrated split changed the latents")
+    # plan reads the same file at the key calibrate wrote (the transformer's shape, as generate plans it).
+    plans = {name: plan_json(binary, model, ["--device-map", "pipeline", "--world-size", str(ranks),
+                                             "--height", str(key["height"]), "--width", str(key["width"]),
+                                             "--text-tokens", "32", "--microbatch-size", "1"] + extra)
+             for name, extra in (("flops", ["--no-calibration"]), ("skewed", ["--calibration", str(skewed_path)]))}
+    if not plans["skewed"]["calibration"]["used"] or plans["flops"]["calibration"]["used"]:
+        fail(f"plan's calibration: {plans['skewed']['calibration']} / {plans['flops']['calibration']}")
+    if plans["flops"]["hf_device_map"] == plans["skewed"]["hf_device_map"]:
+        fail(f"plan's calibrated map is the FLOP-scaled one: {plans['flops']['hf_device_map']}")
+    # A key that does not match (another microbatch size) is not used, and the run says why.
+    code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "other.h5",
+                          ["--microbatch-size", "4", "--calibration", str(skewed_path)]))
+    if code != 0 or "not used: no entry for cpu (1 threads)" not in output or "microbatch 4" not in output:
+        fail(f"a calibration of another microbatch size: exit {code}, or the log does not say why:\n{output}")
+    # Ranks with different calibrations plan different splits: refused on the plan check, naming the ranks.
+    command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "z.h5", ["--calibration", str(skewed_path)]) +
+               [":", "-np", "1", binary] + generate_args(model, tmp / "z.h5") + ["--no-calibration"])
+    expect_bounded_failure(command, "ranks with different calibrations", ["plan", "disagree", f"ranks {ranks - 1}:"])
+
+
+
+
+def case_calibrate_on_load(binary, model, tmp, ranks):
+    code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "flops.h5", ["--microbatch-size", "1"]) +
+                          ["--no-calibration"])
+    if code != 0:
+        fail(f"{ranks} ranks without calibration exited {code}:\n{output}")
+    code, output, seconds = run(mpirun(ranks) + [binary] + generate_args(model, tmp / "on-load.h5",
+                                ["--microbatch-size", "1"]) + ["--calibrate-on-load"])
+    if code != 0:
+        fail(f"{ranks} ranks with --calibrate-on-load exited {code}:\n{output}")
+    measured = [line for line in output.splitlines() if "--calibrate-on-load: " in line]
+    if not measured or "planned from block times measured on load" not in output:
+        fail(f"--calibrate-on-load: no measurement or plan line logged:\n{output}")
+    took = re.search(r"measured in ([0-9.e-]+) s", measured[0])
+    if not took or float(took.group(1)) > 2.0:
+        fail(f"--calibrate-on-load took longer than its 2 s bound: {measured[0]}")
+    print(f"{ranks} ranks: {measured[0].split('] ', 2)[-1]}")
+    print(f"  ring {ring_line(output)} ({seconds:.1f} s in all)")
+    if not np.array_equal(latents(tmp / "flops.h5"), latents(tmp / "on-load.h5")):
+        fail("--calibrate-on-load changed the latents")
+    command = (mpirun(ranks - 1) + [binary] + generate_args(model, tmp / "z.h5") + ["--calibrate-on-load"] +
+               [":", "-np", "1", binary] + generate_args(model, tmp / "z.h5"))
+    expect_bounded_failure(command, "ranks with and without --calibrate-on-load", ["disagree", f"ranks {ranks - 1}:"])
+
+
 CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,
          "bad-component-map": case_bad_component_map,
          "equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
          "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu,
-         "offload": case_offload, "lora": case_lora}
+         "offload": case_offload, "lora": case_lora, "calibration": case_calibration,
+         "calibrate-on-load": case_calibrate_on_load}
 
 
 def main():
