@@ -13,6 +13,7 @@
 #include "runtime/encode_phase.h"
 #include "runtime/load_phase.h"
 #include "runtime/rank_report.h"
+#include "runtime/trace_file.h"
 #include "runtime/ring_phase.h"
 #include "runtime/run_context.h"
 #include "runtime/transports.h"
@@ -82,12 +83,15 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   c10::InferenceMode guard;
   RunContext run(flux, request, grid, options, outputs, World::get());
   agree_phase(run);
+  start_trace(run);
   run.device = rank_device(request.device, run.world);
   cap_device_memory(run);
   if (run.world.uses_mpi()) run.transport = make_transport(run.transport_name, run.layout(), run.world, run.device, options);
   if (run.layout().sequence_parallel() > 1) run.exchange = std::make_unique<GroupExchange>(*run.transport);
   EncodedPrompts encoded = encode_phase(run);
-  return run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
+  const GenerateOutcome outcome = run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
+  write_trace(run);
+  return outcome;
 }
 
 }  // namespace dp::runtime

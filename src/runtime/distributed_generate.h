@@ -31,6 +31,8 @@ struct RuntimeOptions {
   std::string transport = "auto";
   // --report: each rank writes its figures as JSON here (PATH.rankN.json beside it when there are N > 1 ranks).
   std::string report_path;
+  // --trace: rank 0 writes every rank's timeline here as Chrome trace-event JSON (runtime/trace_file.h).
+  std::string trace_path;
   CheckpointOptions checkpoints;
 };
 
