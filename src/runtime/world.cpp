@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace_clock.h"
 #include "runtime/failure_channel.h"
 #include "runtime/transport.h"
 
@@ -196,9 +197,7 @@ std::vector<std::string> World::gather_to_coordinator(const std::string& value, 
 
 namespace {
 
-double steady_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double steady_us() { return trace::now_us_fine(); }  // the clock the trace's spans are on
 
 // A ping-pong's wait: spinning, since sleeping would lengthen the round trip the offset is measured with.
 void spin_wait(MPI_Request& request, int rank, double timeout_seconds) {

@@ -8,9 +8,11 @@ Cases:
                  `diffpipe inspect FILE.png` prints them back; a damaged chunk is refused naming the file.
   report         `diffpipe report DIR` merges a real N-rank run's --report files into one table (and --json);
                  refuses a damaged file, a missing rank and reports of two runs mixed, naming the file.
-  trace          generate --trace on N ranks writes one Chrome trace-event file that a trace viewer's schema
-                 accepts: required keys and types per phase, non-negative durations, a pid track and a
-                 process_name per rank, complete events nested per track, the expected names per rank.
+  trace          generate --trace on N ranks, whose clocks are skewed seconds apart, writes one Chrome trace-event
+                 file that a trace viewer's schema accepts: required keys and types per phase, non-negative
+                 durations, a pid track and a process_name per rank, complete events nested per track, the
+                 expected names per rank, compute spans matching --report; the measured clock offsets recover
+                 the skews and every message is received after it began to be sent.
 
 Needs DIFFPIPE_BINARY (the built diffpipe); PIL from the pinned venv when present."""
 import argparse
@@ -129,9 +131,9 @@ def case_png_text(binary, model, tmp, ranks):
           f"inspect agree; a damaged chunk is refused")
 
 
-def run_ranks(binary, model, tmp, ranks, name, extra):
+def run_ranks(binary, model, tmp, ranks, name, extra, launcher_extra=()):
     out = tmp / f"{name}.png"
-    code, output, seconds = run(mpirun(ranks) + [binary] + generate_args(model, out, extra))
+    code, output, seconds = run(mpirun(ranks) + list(launcher_extra) + [binary] + generate_args(model, out, extra))
     if code != 0:
         fail(f"{name}: {ranks} ranks exited {code}:\n{output}")
     return output, seconds
@@ -274,12 +276,20 @@ def check_nesting(spans, path):
             stack.append(e)
 
 
+# Ranks on one host share a clock; these skews (us, by rank) give them the unrelated clocks of separate hosts,
+# seconds apart, which the trace's alignment must undo (core/trace_clock.h).
+CLOCK_SKEWS_US = [0, 5_000_000, -3_000_000, 7_000_000]
+
+
 def case_trace(binary, model, tmp, ranks):
     trace = tmp / "trace.json"
     report = tmp / "report.json"
+    skews = CLOCK_SKEWS_US[:ranks]
+    os.environ["DIFFPIPE_TRACE_CLOCK_SKEW_US"] = ",".join(map(str, skews))
     output, seconds = run_ranks(binary, model, tmp, ranks, "t", [
         "--trace", str(trace), "--report", str(report), "--microbatch-size", "1", "--num-images-per-prompt", "2",
-        "--checkpoint-dir", str(tmp / "checkpoints"), "--checkpoint-every", "2"])
+        "--checkpoint-dir", str(tmp / "checkpoints"), "--checkpoint-every", "2"],
+        launcher_extra=["-x", "DIFFPIPE_TRACE_CLOCK_SKEW_US"])
     if not trace.exists():
         fail(f"--trace {trace} was not written:\n{output}")
     doc = json.loads(trace.read_text())
@@ -329,6 +339,10 @@ def case_trace(binary, model, tmp, ranks):
     # Causality across ranks, which only holds once the clocks are aligned: a message is received after it
     # started to be sent (to within the alignment's error, half a round trip, plus a microsecond of rounding).
     rtt = {a["rank"]: a["round_trip_us"] for a in doc["otherData"]["clock_alignment"]}
+    for a in doc["otherData"]["clock_alignment"]:
+        if abs(a["offset_us"] - skews[a["rank"]]) > a["round_trip_us"] / 2 + 1:
+            fail(f"{trace}: rank {a['rank']}'s clock offset measured {a['offset_us']:.1f} us, its clock is skewed "
+                 f"{skews[a['rank']]} us (round trip {a['round_trip_us']:.1f} us)")
     sends = {}
     for e in spans:
         if e["tid"] == 3:
