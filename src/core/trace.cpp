@@ -34,6 +34,8 @@ const char* track_name(Track track) {
     case Track::send: return "send";
     case Track::receive: return "receive";
     case Track::checkpoint: return "checkpoint writer";
+    case Track::device_send: return "send on the device (NCCL)";
+    case Track::device_receive: return "receive on the device (NCCL)";
   }
   return "other";
 }

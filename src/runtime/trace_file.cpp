@@ -16,7 +16,8 @@ namespace dp::runtime {
 namespace {
 
 constexpr trace::Track kTracks[] = {trace::Track::host, trace::Track::compute, trace::Track::send,
-                                    trace::Track::receive, trace::Track::checkpoint};
+                                    trace::Track::receive, trace::Track::checkpoint, trace::Track::device_send,
+                                    trace::Track::device_receive};
 
 // What a rank sends rank 0: who it is and its spans on its own clock.
 std::string rank_payload(const RunContext& run) {
