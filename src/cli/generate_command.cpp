@@ -15,6 +15,8 @@
 #include "cli/generate_inputs.h"
 #include "cli/generate_microbatch.h"
 #include "cli/generate_paths.h"
+#include "cli/png_metadata.h"
+#include "cli/trace_option.h"
 #include "cli/torch_boundary.h"
 #include "core/atomic_file.h"
 #include "core/output_policy.h"
@@ -270,6 +272,28 @@ void write_report_json(const GenerateOptions& o, const std::string& dtype, const
   write_json_file(o.report_json, doc);
 }
 
+// What made image `index` of the batch, for its PNG text chunks.
+ImageSettings image_settings(const pipeline::GenerateRequest& request, int64_t index, const std::string& model,
+                             const std::string& dtype) {
+  ImageSettings s;
+  const auto prompt = static_cast<size_t>(index / request.num_images_per_prompt);
+  s.prompt = request.prompts.at(prompt);
+  if (request.do_true_cfg()) {
+    s.negative_prompt = request.negative_prompts.at(request.negative_prompts.size() == 1 ? 0 : prompt);
+    s.true_cfg_scale = request.true_cfg_scale;
+  }
+  s.seed = request.seed;
+  s.image_index = index;
+  s.batch = request.batch();
+  s.steps = request.steps;
+  s.guidance = request.guidance;
+  s.width = request.width;
+  s.height = request.height;
+  s.model = model;
+  s.dtype = dtype;
+  return s;
+}
+
 // out.png -> out-0.png, out-1.png ... when there are several images, in diffusers' order.
 std::string numbered_path(const std::string& path, int64_t index, int64_t count) {
   if (count == 1) return path;
@@ -427,7 +451,8 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
         DP_CHECK(index >= 0 && index < static_cast<int64_t>(out_paths.size()), "image ", index, " of a batch of ",
                  out_paths.size());
         written.push_back(out_paths[static_cast<size_t>(index)]);
-        io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)));
+        io::write_png_rgb(written.back(), pixels, static_cast<int>(image.size(1)), static_cast<int>(image.size(0)),
+                          png_text_for(image_settings(request, index, o.model, dtype)));
         DP_INFO("wrote ", written.back(), " (image ", index, ", decoded on rank ", decoded_on, ")");
       }
     };
@@ -579,6 +604,7 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "auto (nccl when the device is cuda, this build has NCCL and there are several ranks; else mpi). "
                   "Control messages always go over MPI; every rank must choose the same")
       ->capture_default_str();
+  add_trace_option(*cmd, o->runtime);
   cmd->add_option("--report", o->runtime.report_path,
                   "each rank writes its figures as JSON (rank, transport, blocks, load time, peak memory, bytes to "
                   "and from its neighbours, compute/receive/send/idle seconds in total and per step; on cuda compute "

@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "cli/inspect_lora.h"
+#include "cli/inspect_png.h"
 #include "core/error.h"
 #include "core/json_file.h"
 #include "io/checkpoint_file.h"
@@ -193,10 +194,16 @@ CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
       "model fingerprint and options, after the checks --resume makes (exit status 1 when it would refuse it)");
   model_option->excludes(checkpoint_option);
   cmd->add_flag("--json", *as_json, "print one JSON object instead of tables");
-  cmd->callback([model, checkpoint, as_json, lora] {
-    DP_CHECK(!model->empty() || !checkpoint->empty() || !lora->path.empty(),
-             "inspect needs --model DIR, --checkpoint FILE or --lora FILE");
-    if (!lora->path.empty()) {
+  auto png = std::make_shared<std::string>();
+  cmd->add_option("png", *png, "a PNG image: the prompt, seed and settings generate stored in its text chunks")
+      ->excludes(model_option)
+      ->excludes(checkpoint_option);
+  cmd->callback([model, checkpoint, as_json, lora, png] {
+    DP_CHECK(!model->empty() || !checkpoint->empty() || !lora->path.empty() || !png->empty(),
+             "inspect needs --model DIR, --checkpoint FILE, --lora FILE or a PNG file");
+    if (!png->empty()) {
+      inspect_png(*png, *as_json);
+    } else if (!lora->path.empty()) {
       lora->model = *model;
       lora->json = *as_json;
       inspect_lora(*lora);

@@ -28,8 +28,12 @@ struct File {
 
 }  // namespace
 
-void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, int width, int height) {
+void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, int width, int height,
+                   const std::vector<PngText>& text) {
   DP_CHECK(width > 0 && height > 0, path, ": invalid image size ", width, "x", height);
+  for (const auto& t : text)
+    DP_CHECK(valid_png_keyword(t.key) && fits_png_text_chunk(t.key), path, ": PNG text key '", t.key,
+             "' is not a PNG keyword (1-79 printable ASCII characters)");
   DP_CHECK(pixels.size() == static_cast<size_t>(width) * height * 3, path, ": expected ", width * height * 3,
            " bytes of RGB, got ", pixels.size());
   AtomicFile output(path);
@@ -44,6 +48,19 @@ void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, 
       png_init_io(png, file.handle);
       png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                    PNG_FILTER_TYPE_DEFAULT);
+      // libpng keeps pointers into `text` until png_write_info has written the chunks.
+      std::vector<png_text> chunks(text.size());
+      for (size_t i = 0; i < text.size(); ++i) {
+        const bool ascii = fits_png_text_chunk(text[i].value);
+        chunks[i].compression = ascii ? PNG_TEXT_COMPRESSION_NONE : PNG_ITXT_COMPRESSION_NONE;
+        chunks[i].key = const_cast<png_charp>(text[i].key.c_str());
+        chunks[i].text = const_cast<png_charp>(text[i].value.c_str());
+        if (ascii) chunks[i].text_length = text[i].value.size();
+        else chunks[i].itxt_length = text[i].value.size();
+        chunks[i].lang = nullptr;
+        chunks[i].lang_key = nullptr;
+      }
+      if (!chunks.empty()) png_set_text(png, info, chunks.data(), static_cast<int>(chunks.size()));
       png_write_info(png, info);
       for (int y = 0; y < height; ++y)
         png_write_row(png, const_cast<png_bytep>(pixels.data() + static_cast<size_t>(y) * width * 3));

@@ -4,10 +4,15 @@
 #include <string>
 #include <vector>
 
+#include "io/png_text.h"
+
 namespace dp::io {
 
-// `pixels` is height*width*3 bytes, row-major RGB. Written atomically (temp file, then rename).
-void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, int width, int height);
+// `pixels` is height*width*3 bytes, row-major RGB. Written atomically (temp file, then rename). `text` goes
+// into chunks before the image data: tEXt when the value is plain ASCII, else iTXt (UTF-8), uncompressed, so
+// that any PNG reader shows it.
+void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, int width, int height,
+                   const std::vector<PngText>& text = {});
 // Reads an 8-bit RGB or RGBA PNG back (tests, PSNR checks); alpha is dropped.
 std::vector<uint8_t> read_png_rgb(const std::string& path, int* width, int* height);
 

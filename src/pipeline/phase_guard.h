@@ -5,6 +5,8 @@
 // line that says both. Other errors pass through unchanged.
 #include <c10/util/Exception.h>
 
+#include "core/trace.h"
+
 #include <string>
 #include <utility>
 
@@ -15,6 +17,7 @@ namespace dp::pipeline {
 
 template <typename Work>
 auto run_phase(int rank, const std::string& phase, Work&& work) -> decltype(work()) {
+  trace::Scope span(trace::Track::host, phase);  // --trace and NVTX
   try {
     return std::forward<Work>(work)();
   } catch (const c10::OutOfMemoryError& error) {

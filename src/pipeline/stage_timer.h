@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "core/memory_stats.h"
+#include "core/trace.h"
 #include "pipeline/device_stats.h"
 #include "pipeline/flux_pipeline.h"
 
@@ -53,6 +54,7 @@ class StageTimer {
   template <typename Work>
   auto timed(const char* what, Work&& work, double* booked = nullptr) {
     const auto started = std::chrono::steady_clock::now();
+    trace::Scope span(trace::Track::host, str(report_.name, ": ", what));  // --trace and NVTX
     auto result = work();
     synchronize(device_);
     const double seconds = seconds_since(started);

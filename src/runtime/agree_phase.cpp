@@ -223,8 +223,10 @@ void agree_phase(RunContext& run) {
   // One process holds one libnccl: the ranks must have loaded the same one (a node whose LibTorch's copy won
   // would speak another NCCL).
   if (run.transport_name == "nccl") world.agree("NCCL version (the library loaded)", nccl_version_text(false), timeout);
+  run.request_summary = request_digest(request, options) + request.extras_digest() + (run.decode ? ", png" : ", latent");
   world.agree("request (prompts, size, steps, seed, guidance, dtype, microbatch size, output, component map)",
-              request_digest(request, options) + request.extras_digest() + (run.decode ? ", png" : ", latent"), timeout);
+              run.request_summary, timeout);
+  run.run_id = world.share_text_from_coordinator(options.checkpoints.run_id, "run id", timeout);
   run.transformer_dir = run.flux.folder().component("transformer").path;
   run.fingerprint = model_fingerprint(run.transformer_dir) + adapters_fingerprint(request);
   world.agree("model fingerprint (transformer config and tensor headers, LoRA adapters)", run.fingerprint, timeout);

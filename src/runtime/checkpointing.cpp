@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "io/checkpoint_dir.h"
 #include "io/embeddings_cache_file.h"
 #include "io/torch_tensors.h"
@@ -89,6 +90,7 @@ bool Checkpointer::at_boundary(const pipeline::LoopState& state) {
 
 void Checkpointer::write(const pipeline::LoopState& state) {
   finish();  // one write at a time, in order
+  trace::Scope span(trace::Track::host, str("checkpoint copy step ", state.steps_done));  // --trace and NVTX
   const auto started = std::chrono::steady_clock::now();
   auto c = std::make_shared<io::Checkpoint>(base_);  // shares the embeddings' bytes
   c->image_steps = state.image_steps;
@@ -103,6 +105,7 @@ void Checkpointer::write(const pipeline::LoopState& state) {
   writer_ = std::thread([this, c, path, dir, keep, step, steps, copy_ms] {
     try {
       const auto began = std::chrono::steady_clock::now();
+      trace::Scope span(trace::Track::checkpoint, str("checkpoint write step ", step));  // its own thread
       io::write_checkpoint(path, *c);
       io::prune_run_checkpoints(dir, c->run_id, keep);  // this run's files only; each removal logged
       DP_INFO("checkpoint ", path, " written (step ", step, "/", steps, "): ", std::fixed, std::setprecision(1),

@@ -9,12 +9,19 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "runtime/ring.h"
 
 namespace dp::runtime {
+namespace {
+// How long the trace's reference event may wait for work queued before the ring's first span.
+[[maybe_unused]] constexpr int kReferenceWaitSeconds = 60;
+}  // namespace
 
 struct ComputeClock::Span {
   int step = -1;
+  std::string name;
+  int64_t host_start_us = 0;
   double host_seconds = 0;  // the CPU's span, known at end()
 #ifdef DIFFPIPE_HAVE_CUDA
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -28,13 +35,31 @@ struct ComputeClock::Span {
 ComputeClock::ComputeClock(const at::Device& device) : device_(device) {}
 ComputeClock::~ComputeClock() = default;
 
-void ComputeClock::begin() {
+void ComputeClock::begin(const std::string& name) {
   open_ = std::make_unique<Span>();
+  open_->name = name;
+  trace::nvtx_push(name);
   host_started_ = std::chrono::steady_clock::now();
+  open_->host_start_us = trace::now_us();
 #ifdef DIFFPIPE_HAVE_CUDA
   if (on_device()) {
     c10::cuda::CUDAGuard guard(device_);  // events belong to the device that is current when they are made
     const auto stream = at::cuda::getCurrentCUDAStream(device_.index()).stream();
+    if (trace::recording() && !reference_ && !reference_failed_) {
+      // Once per clock, before its first span: the host waits for the device this one time, bounded; past the
+      // bound the trace places device spans at their host start instead.
+      auto reference = std::make_unique<Span>();
+      DP_CHECK(cudaEventCreate(&reference->start) == cudaSuccess, "cannot create a CUDA event on ", device_.str());
+      DP_CHECK(cudaEventRecord(reference->start, stream) == cudaSuccess, "cudaEventRecord failed on ", device_.str());
+      const auto asked = std::chrono::steady_clock::now();
+      cudaError_t state = cudaEventQuery(reference->start);
+      while (state == cudaErrorNotReady &&
+             std::chrono::steady_clock::now() - asked < std::chrono::seconds(kReferenceWaitSeconds))
+        state = cudaEventQuery(reference->start);
+      reference_us_ = trace::now_us();
+      if (state == cudaSuccess) reference_ = std::move(reference);
+      else reference_failed_ = true;
+    }
     DP_CHECK(cudaEventCreate(&open_->start) == cudaSuccess && cudaEventCreate(&open_->stop) == cudaSuccess,
              "cannot create CUDA events to time compute on ", device_.str());
     DP_CHECK(cudaEventRecord(open_->start, stream) == cudaSuccess, "cudaEventRecord failed on ", device_.str());
@@ -46,6 +71,7 @@ void ComputeClock::end(int step) {
   DP_CHECK(open_ != nullptr, "ComputeClock::end() without begin()");
   open_->step = step;
   open_->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - host_started_).count();
+  trace::nvtx_pop();
 #ifdef DIFFPIPE_HAVE_CUDA
   if (on_device()) {
     c10::cuda::CUDAGuard guard(device_);
@@ -61,6 +87,7 @@ void ComputeClock::collect(RankTimes& times, bool wait, double timeout_seconds) 
   while (!pending_.empty()) {
     Span& span = *pending_.front();
     double seconds = span.host_seconds;
+    int64_t start_us = span.host_start_us;
 #ifdef DIFFPIPE_HAVE_CUDA
     if (on_device()) {
       const cudaError_t state = cudaEventQuery(span.stop);
@@ -76,8 +103,12 @@ void ComputeClock::collect(RankTimes& times, bool wait, double timeout_seconds) 
       float ms = 0;
       DP_CHECK(cudaEventElapsedTime(&ms, span.start, span.stop) == cudaSuccess, "cudaEventElapsedTime failed");
       seconds = ms / 1e3;
+      float since_reference_ms = 0;
+      if (reference_ && cudaEventElapsedTime(&since_reference_ms, reference_->start, span.start) == cudaSuccess)
+        start_us = reference_us_ + static_cast<int64_t>(since_reference_ms * 1e3);
     }
 #endif
+    trace::complete(trace::Track::compute, span.name, start_us, static_cast<int64_t>(seconds * 1e6));
     times.compute_seconds += seconds;
     times.at_step(span.step).compute_seconds += seconds;
     pending_.pop_front();

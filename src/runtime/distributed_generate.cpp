@@ -15,6 +15,7 @@
 #include "runtime/encode_phase.h"
 #include "runtime/load_phase.h"
 #include "runtime/rank_report.h"
+#include "runtime/trace_file.h"
 #include "runtime/ring_phase.h"
 #include "runtime/run_context.h"
 #include "runtime/transports.h"
@@ -84,6 +85,7 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   c10::InferenceMode guard;
   RunContext run(flux, request, grid, options, outputs, World::get());
   agree_phase(run);
+  start_trace(run);
   run.device = rank_device(request.device, run.world);
   cap_device_memory(run);
   // Read-ahead holds a component in its file's dtype until the model takes each tensor; under a cap, tensors
@@ -96,7 +98,9 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   if (run.layout().sequence_parallel() > 1) run.exchange = std::make_unique<GroupExchange>(*run.transport);
   start_load_overlap(run);
   EncodedPrompts encoded = encode_phase(run);
-  return run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
+  const GenerateOutcome outcome = run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
+  write_trace(run);
+  return outcome;
 }
 
 }  // namespace dp::runtime

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "models/flux/flux_config.h"
 #include "models/vae/vae_config.h"
 #include "pipeline/device_stats.h"
@@ -88,6 +89,7 @@ void MicrobatchDecoder::accept(int64_t microbatch, const at::Tensor& latents) {
 void MicrobatchDecoder::decode(int64_t microbatch, const at::Tensor& latents) {
   c10::InferenceMode guard;
   const auto started = std::chrono::steady_clock::now();
+  trace::Scope span(trace::Track::host, str("decode mb ", microbatch));  // --trace and NVTX
   const at::Tensor images = pipeline::FluxPipeline::decode_with(*vae_, grid_, latents);
   decode_seconds_ += seconds_since(started);
   deliver_(microbatch, images);

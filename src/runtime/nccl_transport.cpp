@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "runtime/failure_channel.h"
 #include "runtime/wire_header.h"
 
@@ -254,6 +255,7 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
     exchange_bytes_sent_ = exchange_bytes_received_ = 0;
   }
 
+  if (trace::recording()) make_trace_reference();
   // The first header of every inbound link is posted now, so a message can start arriving before it is asked for.
   for (auto& channel : channels_)
     if (!channel->outbound && !channel->group) post_receive(*channel);
@@ -261,8 +263,26 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
            grouped_ranks ? str(" and sequence group ", group.index, " (ranks ", rank_list(group.ranks), ")") : "");
 }
 
+void NcclTransport::make_trace_reference() {
+  cudaEvent_t reference = nullptr;
+  check_cuda(cudaEventCreate(&reference), "cudaEventCreate (trace reference)");
+  trace_reference_ = reference;
+  check_cuda(cudaEventRecord(reference, at::cuda::getCurrentCUDAStream(device_.index()).stream()), "cudaEventRecord");
+  wait_until([&] { return cudaEventQuery(reference) == cudaSuccess; }, "the trace's reference event", rank_);
+  trace_reference_us_ = trace::now_us();
+}
+
+void NcclTransport::trace_transfer(cudaEvent_t start, float ms, bool outbound, const std::string& name) {
+  float since_reference_ms = 0;
+  if (trace_reference_ == nullptr || cudaEventElapsedTime(&since_reference_ms, trace_reference_, start) != cudaSuccess)
+    return;
+  trace::complete(outbound ? trace::Track::device_send : trace::Track::device_receive, name,
+                  trace_reference_us_ + static_cast<int64_t>(since_reference_ms * 1e3), static_cast<int64_t>(ms * 1e3));
+}
+
 NcclTransport::~NcclTransport() {
   c10::cuda::CUDAGuard guard(device_);
+  if (trace_reference_ != nullptr) cudaEventDestroy(trace_reference_);
   for (auto& channel : channels_)
     if (channel->header_request != MPI_REQUEST_NULL) {
       MPI_Cancel(&channel->header_request);
@@ -407,8 +427,12 @@ bool NcclTransport::send_finished(Outbound& out) {
     if (state == cudaErrorNotReady) return false;
     check_cuda(state, "cudaEventQuery (send)");
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, out.start->event, out.done->event) == cudaSuccess)
+    if (cudaEventElapsedTime(&ms, out.start->event, out.done->event) == cudaSuccess) {
       spans_.push_back({out.step, true, ms / 1e3});
+      if (trace_reference_ != nullptr)
+        trace_transfer(out.start->event, ms, true,
+                       str("NCCL send", out.step >= 0 ? str(" step ", out.step + 1) : std::string(), " to rank ", out.peer));
+    }
     out.done.reset();
     out.tensors.clear();
   }
@@ -517,8 +541,15 @@ Message NcclTransport::receive_unguarded(int peer) {
     check_cuda(cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(device_.index()).stream(), in->done->event, 0),
                "cudaStreamWaitEvent");
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, in->start->event, in->done->event) == cudaSuccess)
+    if (cudaEventElapsedTime(&ms, in->start->event, in->done->event) == cudaSuccess) {
       spans_.push_back({in->message.step, false, ms / 1e3});
+      if (trace_reference_ != nullptr)
+        trace_transfer(in->start->event, ms, false,
+                       str("NCCL receive ", message_kind_name(in->message.kind),
+                           in->message.microbatch >= 0 ? str(" mb ", in->message.microbatch) : std::string(),
+                           in->message.step >= 0 ? str(" step ", in->message.step + 1) : std::string(), " from rank ",
+                           peer));
+    }
   }
   return std::move(in->message);
 }

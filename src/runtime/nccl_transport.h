@@ -111,6 +111,10 @@ class NcclTransport : public Transport {
   // Aborts every communicator (idempotent) and throws `message`.
   [[noreturn]] void fail(const std::string& message);
   void abort_all() noexcept;
+  // --trace: the transfers' CUDA-event times placed on the host timeline through one reference event that the
+  // host saw complete at trace_reference_us_ (as ComputeClock does for compute).
+  void make_trace_reference();
+  void trace_transfer(cudaEvent_t start, float ms, bool outbound, const std::string& name);
 
   int rank_, world_size_;
   double timeout_seconds_;
@@ -123,7 +127,9 @@ class NcclTransport : public Transport {
   std::vector<ExchangeSpan> exchange_spans_;
   uint64_t exchange_bytes_sent_ = 0, exchange_bytes_received_ = 0;
   bool aborted_ = false;
-  bool progressing_ = false;  // progress() runs inside waits that progress() itself may start
+  bool progressing_ = false;
+  cudaEvent_t trace_reference_ = nullptr;
+  int64_t trace_reference_us_ = 0;  // progress() runs inside waits that progress() itself may start
 };
 
 }  // namespace dp::runtime

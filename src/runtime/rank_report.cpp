@@ -10,6 +10,7 @@
 #include "core/output_policy.h"
 #include "io/parallel_load.h"
 #include "pipeline/device_stats.h"
+#include "placement/plan.h"
 #include "runtime/world.h"
 
 namespace dp::runtime {
@@ -17,6 +18,16 @@ namespace {
 
 std::string rank_report_path(const std::string& path, const World& world) {
   return rank_file_path(path, world.rank(), world.size());  // core/output_policy.h: generate checks it at start
+}
+
+// This rank's --max-memory budget (GPU d of the map is stage group d), or null when none was given: the cap its
+// peak memory is read against.
+nlohmann::ordered_json memory_cap(const RunContext& run) {
+  if (run.options.max_memory.empty()) return nullptr;
+  const auto caps = placement::read_max_memory_argument(run.options.max_memory);
+  const auto gpu = placement::Device::gpu(run.layout().group_of(run.world.rank()));
+  if (!caps.has(gpu)) return nullptr;
+  return caps.at(gpu);
 }
 
 }  // namespace
@@ -32,6 +43,9 @@ void write_rank_report(const RunContext& run, const RankFigures& figures) {
   const models::OffloadStats& offload = figures.offload;
   const placement::RankStage* stage = layout.stage_of(world.rank());
   nlohmann::ordered_json doc = {
+      {"format", "diffpipe rank report"},
+      {"run_id", run.run_id},
+      {"request", run.request_summary},
       {"rank", world.rank()},
       {"world_size", world.size()},
       {"host", world.host()},
@@ -49,6 +63,7 @@ void write_rank_report(const RunContext& run, const RankFigures& figures) {
       {"peak_resident_bytes", peak_resident_bytes()},
       {"peak_device_bytes", device.is_cuda() ? pipeline::peak_memory_bytes(device) : 0},
       {"peak_device_reserved_bytes", pipeline::peak_reserved_bytes(device)},
+      {"memory_cap_bytes", memory_cap(run)},
       {"receives_from", world.is_coordinator() ? layout.last_rank() : layout.previous(world.rank())},
       {"sends_to", world.is_coordinator() ? (layout.coordinator_runs_first_stage() ? layout.next(0) : layout.first_rank())
                                           : layout.next(world.rank())},

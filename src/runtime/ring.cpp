@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 
 namespace dp::runtime {
 namespace {
@@ -59,6 +60,38 @@ at::Tensor token_shard_of(const at::Tensor& t, placement::TokenRange range, int 
   return t.narrow(1, range.first, range.count).contiguous();
 }
 
+// --trace's names: a stage's work and a message, by microbatch and (1-based) denoising step.
+std::string compute_span_name(const pipeline::FluxStage& stage, int64_t microbatch, int step) {
+  return str("blocks [", stage.first_block(), ",", stage.last_block(), ") mb ", microbatch, " step ", step + 1);
+}
+
+std::string message_span_name(const char* verb, MessageKind kind, int64_t microbatch, int step, const char* direction,
+                              int peer) {
+  std::string name = str(verb, " ", message_kind_name(kind));
+  if (microbatch >= 0) name += str(" mb ", microbatch);
+  if (step >= 0) name += str(" step ", step + 1);
+  return name + str(" ", direction, " rank ", peer);
+}
+
+// A send, timed for --trace (on the host: what the sender spent handing it over).
+void traced_send(Transport& transport, int to, Message message) {
+  if (!trace::recording()) {
+    transport.send(to, std::move(message));
+    return;
+  }
+  const std::string name = message_span_name("send", message.kind, message.microbatch, message.step, "to", to);
+  const int64_t started = trace::now_us();
+  transport.send(to, std::move(message));
+  trace::complete(trace::Track::send, name, started, trace::now_us() - started);
+}
+
+void trace_receive(const Message& message, int64_t started_us) {
+  if (!trace::recording()) return;
+  trace::complete(trace::Track::receive,
+                  message_span_name("receive", message.kind, message.microbatch, message.step, "from", message.source),
+                  started_us, trace::now_us() - started_us);
+}
+
 }  // namespace
 
 RankTimes::Step& RankTimes::at_step(int step) {
@@ -97,11 +130,11 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
     std::vector<at::Tensor> shard = inputs;
     shard[0] = token_shard_of(inputs[0], layout_.image_shard(k), layout_.sequence_parallel());
     if (ranks[k] == 0) local_inputs = std::move(shard);
-    else transport().send(ranks[k], {MessageKind::step, microbatch, step, std::move(shard)});
+    else traced_send(transport(), ranks[k], {MessageKind::step, microbatch, step, std::move(shard)});
   }
   if (!local_) return;
   if (exchange_ != nullptr) exchange_->at_step(step);
-  clock_.begin();
+  clock_.begin(compute_span_name(*local_, microbatch, step));
   auto outputs = local_->run(microbatch, local_inputs);
   clock_.end(step);
   add_exchanges(times_, transport_, exchange_);
@@ -113,7 +146,7 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
     return;
   }
   const auto sending = std::chrono::steady_clock::now();
-  transport().send(layout_.next(0), {MessageKind::activations, microbatch, step, std::move(outputs)});
+  traced_send(transport(), layout_.next(0), {MessageKind::activations, microbatch, step, std::move(outputs)});
   add_host_transfer(times_, transport(), step, true, seconds_since(sending));
 }
 
@@ -160,8 +193,10 @@ pipeline::StepResult RingExecutor::receive_noise(int peer) {
   if (side_handler_ && side_peer_ != peer) peers.push_back(side_peer_);
   for (;;) {
     const auto started = std::chrono::steady_clock::now();
+    const int64_t started_us = trace::now_us();
     Message message = transport().receive_any(peers);
     times_.host_wait_seconds += seconds_since(started);
+    trace_receive(message, started_us);
     if (side_handler_ && message.source == side_peer_ && message.kind != MessageKind::noise) {
       side_handler_(message);
       continue;
@@ -215,7 +250,9 @@ RankTimes run_stage_worker(int rank, const MeshLayout& layout, Transport& transp
   if (on_decode && from != 0) peers.push_back(0);
   for (;;) {
     const auto waiting = std::chrono::steady_clock::now();
+    const int64_t waiting_us = trace::now_us();
     Message message = transport.receive_any(peers);
+    trace_receive(message, waiting_us);
     if (message.kind == MessageKind::decode && on_decode && message.source == 0) {
       on_decode(message);
       continue;
@@ -254,7 +291,7 @@ RankTimes run_stage_worker(int rank, const MeshLayout& layout, Transport& transp
       case MessageKind::activations: {
         if (stage == nullptr || (message.kind == MessageKind::step) != stage->is_first()) unexpected();
         if (exchange != nullptr) exchange->at_step(message.step);
-        clock.begin();
+        clock.begin(compute_span_name(*stage, message.microbatch, message.step));
         auto outputs = stage->run(message.microbatch, message.tensors);
         clock.end(message.step);
         add_exchanges(times, &transport, exchange);
@@ -262,7 +299,7 @@ RankTimes run_stage_worker(int rank, const MeshLayout& layout, Transport& transp
         ++times.steps;
         const MessageKind kind = stage->is_last() ? MessageKind::noise : MessageKind::activations;
         const auto sending = std::chrono::steady_clock::now();
-        transport.send(to, {kind, message.microbatch, message.step, std::move(outputs)});
+        traced_send(transport, to, {kind, message.microbatch, message.step, std::move(outputs)});
         add_host_transfer(times, transport, message.step, true, seconds_since(sending));
         break;
       }

@@ -63,6 +63,10 @@ struct RunContext {
   ComponentPlan components;
   TransformerPlan plan;
   std::optional<MeshLayout> mesh;
+  // The run's identity in reports and traces: rank 0's run id (the checkpoints' one), and the request every
+  // rank agreed on, so that `diffpipe report` can refuse files of different runs put together.
+  std::string run_id;
+  std::string request_summary;
 
   // This rank's.
   at::Device device = at::kCPU;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <thread>
 #include <map>
@@ -13,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace_clock.h"
 #include "runtime/failure_channel.h"
 #include "runtime/transport.h"
 
@@ -150,6 +152,113 @@ int World::share_from_coordinator(int value, double timeout_seconds) const {
   check_mpi(MPI_Ibcast(&value, 1, MPI_INT, 0, MPI_COMM_WORLD, &request), "MPI_Ibcast");
   wait_collective(request, rank_, "end-of-denoising status", timeout_seconds);
   return value;
+}
+
+std::string World::share_text_from_coordinator(const std::string& value, const std::string& what,
+                                               double timeout_seconds) const {
+  if (!uses_mpi_ || size_ == 1) return value;
+  int length = static_cast<int>(value.size());
+  MPI_Request request;
+  check_mpi(MPI_Ibcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD, &request), "MPI_Ibcast");
+  wait_collective(request, rank_, what, timeout_seconds);
+  std::string shared = is_coordinator() ? value : std::string(static_cast<size_t>(length), '\0');
+  check_mpi(MPI_Ibcast(shared.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD, &request), "MPI_Ibcast");
+  wait_collective(request, rank_, what, timeout_seconds);
+  return shared;
+}
+
+std::vector<std::string> World::gather_to_coordinator(const std::string& value, const std::string& what,
+                                                      double timeout_seconds) const {
+  if (!uses_mpi_ || size_ == 1) return {value};
+  DP_CHECK(value.size() <= static_cast<size_t>(INT32_MAX), "rank ", rank_, ": ", what, " of ", value.size(),
+           " bytes is too large to gather");
+  const int length = static_cast<int>(value.size());
+  std::vector<int> lengths(static_cast<size_t>(size_), 0);
+  MPI_Request request;
+  check_mpi(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &request), "MPI_Igather");
+  wait_collective(request, rank_, what, timeout_seconds);
+  std::vector<int> offsets(static_cast<size_t>(size_), 0);
+  int64_t total = lengths[0];
+  for (int r = 1; r < size_; ++r) {
+    offsets[r] = offsets[r - 1] + lengths[r - 1];
+    total += lengths[r];
+  }
+  DP_CHECK(total <= INT32_MAX, what, ": ", total, " bytes from all ranks is too large to gather");
+  std::string all(is_coordinator() ? static_cast<size_t>(total) : 0, '\0');
+  check_mpi(MPI_Igatherv(value.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, 0,
+                         MPI_COMM_WORLD, &request),
+            "MPI_Igatherv");
+  wait_collective(request, rank_, what, timeout_seconds);
+  std::vector<std::string> values;
+  if (!is_coordinator()) return values;
+  for (int r = 0; r < size_; ++r) values.push_back(all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])));
+  return values;
+}
+
+namespace {
+
+double steady_us() { return trace::now_us_fine(); }  // the clock the trace's spans are on
+
+// A ping-pong's wait: spinning, since sleeping would lengthen the round trip the offset is measured with.
+void spin_wait(MPI_Request& request, int rank, double timeout_seconds) {
+  const auto started = std::chrono::steady_clock::now();
+  for (int done = 0;;) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    DP_CHECK(waited < timeout_seconds, "rank ", rank, ": the clock alignment for --trace did not answer within ",
+             timeout_seconds, " s (--transport-timeout): a rank is stuck, dead or unreachable");
+    std::this_thread::yield();  // ranks may share cores (--oversubscribe): let the peer run
+  }
+}
+
+}  // namespace
+
+std::vector<World::ClockOffset> World::clock_offsets_to_coordinator(double timeout_seconds) const {
+  if (!uses_mpi_ || size_ == 1) return {ClockOffset{}};
+  constexpr int kRounds = 16;
+  MPI_Comm comm;
+  MPI_Request request;
+  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &request), "MPI_Comm_idup");
+  wait_collective(request, rank_, "clock alignment", timeout_seconds);
+  std::vector<ClockOffset> offsets;
+  try {
+    if (is_coordinator()) {
+      offsets.resize(static_cast<size_t>(size_));
+      for (int r = 1; r < size_; ++r) {
+        double best_round_trip = -1;
+        for (int round = 0; round < kRounds; ++round) {
+          double theirs = 0;
+          const double sent = steady_us();
+          check_mpi(MPI_Isend(&sent, 1, MPI_DOUBLE, r, 0, comm, &request), "MPI_Isend");
+          spin_wait(request, rank_, timeout_seconds);
+          check_mpi(MPI_Irecv(&theirs, 1, MPI_DOUBLE, r, 0, comm, &request), "MPI_Irecv");
+          spin_wait(request, rank_, timeout_seconds);
+          const double back = steady_us();
+          // Their clock read halfway through the round trip, as well as one can know: the error is at most half
+          // the round trip, so the shortest one wins.
+          if (best_round_trip < 0 || back - sent < best_round_trip) {
+            best_round_trip = back - sent;
+            offsets[static_cast<size_t>(r)] = {theirs - (sent + back) / 2, back - sent};
+          }
+        }
+      }
+    } else {
+      for (int round = 0; round < kRounds; ++round) {
+        double ping = 0;
+        check_mpi(MPI_Irecv(&ping, 1, MPI_DOUBLE, 0, 0, comm, &request), "MPI_Irecv");
+        spin_wait(request, rank_, timeout_seconds);
+        const double now = steady_us();
+        check_mpi(MPI_Isend(&now, 1, MPI_DOUBLE, 0, 0, comm, &request), "MPI_Isend");
+        spin_wait(request, rank_, timeout_seconds);
+      }
+    }
+  } catch (...) {
+    MPI_Comm_free(&comm);
+    throw;
+  }
+  MPI_Comm_free(&comm);
+  return offsets;
 }
 
 void World::run_guarded(const std::function<void()>& work) const {

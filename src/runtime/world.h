@@ -32,9 +32,21 @@ class World {
   // Rank 0's `value` on every rank (a broadcast), waiting at most timeout_seconds; rank 0 stops early when a
   // rank reports a failure.
   int share_from_coordinator(int value, double timeout_seconds) const;
+  std::string share_text_from_coordinator(const std::string& value, const std::string& what, double timeout_seconds) const;
+  // Every rank's `value` on rank 0, in rank order (others get an empty list), waiting at most timeout_seconds.
+  std::vector<std::string> gather_to_coordinator(const std::string& value, const std::string& what,
+                                                 double timeout_seconds) const;
   // Runs `work`; in a world of several ranks a failure anywhere ends the job on every rank, non-zero, with
   // the coordinator's log naming the failed rank and why. In a world of one the exception propagates.
   void run_guarded(const std::function<void()>& work) const;
+  // Each rank's steady clock against rank 0's, for merging timelines (--trace): on rank 0, for every rank, the
+  // offset to subtract from its microsecond times and the round trip that bounds the offset's error (rank 0:
+  // zero); other ranks get an empty list. Ping-pongs with rank 0 on a communicator of its own, keeping the
+  // shortest round trip of several; every wait at most timeout_seconds.
+  struct ClockOffset {
+    double offset_us = 0, round_trip_us = 0;
+  };
+  std::vector<ClockOffset> clock_offsets_to_coordinator(double timeout_seconds) const;
   // MPI, LibTorch-independent versions for the start-up log.
   std::string mpi_version() const;
 

@@ -13,11 +13,12 @@ fixed tiny model, and one per way an adapter can be broken (io_lora_file_test ch
 accepted).
 corpus/clip_tokenizer/, corpus/t5_tokenizer/: bundles of tokenizer files ("#file NAME" lines, see
 tokenizer_fuzz_support.h), built from the tiny tokenizers that `diffpipe make-tiny` writes, small hand-made
-ones, and one per way a file can be broken. corpus/spiece/: spiece.model files (sentencepiece ModelProto),
+ones, and one per way a file can be broken. corpus/png_text/: small PNG files with text chunks (tEXt, iTXt, zTXt)
+and one per way a chunk can be broken (length, CRC, keyword, UTF-8, order, truncation). corpus/spiece/: spiece.model files (sentencepiece ModelProto),
 written here field by field. The Precompiled charsmaps are small darts-clone tries built here too.
 
 Deterministic: rerunning rewrites identical bytes. Files the fuzzer found (crash-*, regression-*) are kept.
-Run: python3 tests/fuzz/make_corpus.py [--diffpipe build/diffpipe] [--only lora_file]
+Run: python3 tests/fuzz/make_corpus.py [--diffpipe build/diffpipe] [--only lora_file|png_text]
 (the tokenizer seeds need the torch-free `diffpipe` binary for make-tiny).
 """
 import argparse
@@ -270,6 +271,76 @@ def write(folder, cases):
         with open(os.path.join(path, name), "wb") as f:
             f.write(data)
     print(f"{path}: {len(cases)} seeds", file=sys.stderr)
+
+
+# --- PNG text chunks -----------------------------------------------------------------------------------------
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_chunk(kind, data, crc=None, length=None):
+    """One chunk: big-endian length, type, data, CRC over type+data; `crc` / `length` override to lie."""
+    import zlib
+    n = len(data) if length is None else length
+    c = zlib.crc32(kind + data) & 0xffffffff if crc is None else crc
+    return struct.pack(">I", n) + kind + data + struct.pack(">I", c)
+
+
+def png_file(text_chunks, after_idat=(), trailer=b""):
+    """A 1x1 RGB PNG with the given chunks before (and after) its image data."""
+    import zlib
+    ihdr = png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+    idat = png_chunk(b"IDAT", zlib.compress(b"\x00\x10\x20\x30"))
+    return (PNG_SIGNATURE + ihdr + b"".join(text_chunks) + idat + b"".join(after_idat) + png_chunk(b"IEND", b"")
+            + trailer)
+
+
+def itxt(key, text, flag=0, method=0, language=b"", translated=b""):
+    return png_chunk(b"iTXt", key + b"\0" + bytes([flag, method]) + language + b"\0" + translated + b"\0" + text)
+
+
+def png_text_cases():
+    import zlib
+    prompt = "a cat on a mat, caf\u00e9 \u732b".encode("utf-8")
+    good = png_file([png_chunk(b"tEXt", b"parameters\0a cat\nSteps: 4, Seed: 7"), itxt(b"prompt", prompt)])
+    cases = {
+        "valid_no_text": png_file([]),
+        "valid_text_and_itxt": good,
+        "valid_latin1_text": png_file([png_chunk(b"tEXt", b"Comment\0caf\xe9")]),
+        "valid_text_after_idat": png_file([], after_idat=[png_chunk(b"tEXt", b"seed\x007")]),
+        "valid_ztxt": png_file([png_chunk(b"zTXt", b"Comment\0\0" + zlib.compress(b"hello"))]),
+        "valid_itxt_compressed": png_file([itxt(b"prompt", zlib.compress(prompt), flag=1)]),
+        "valid_itxt_language": png_file([itxt(b"prompt", prompt, language=b"fr", translated="invite".encode())]),
+        "valid_empty_value": png_file([png_chunk(b"tEXt", b"negative_prompt\0")]),
+        "bad_empty": b"",
+        "bad_signature": b"\x89PNX\r\n\x1a\n" + good[8:],
+        "bad_signature_only": PNG_SIGNATURE,
+        "bad_truncated_half": good[: len(good) // 2],
+        "bad_no_iend": good[: -12],
+        "bad_trailing_bytes": png_file([], trailer=b"junk"),
+        "bad_crc": png_file([png_chunk(b"tEXt", b"seed\x007", crc=0x12345678)]),
+        "bad_flipped_text_byte": good[:60] + bytes([good[60] ^ 0x01]) + good[61:],
+        "bad_length_past_end": png_file([png_chunk(b"tEXt", b"seed\x007", length=0x00ffffff)]),
+        "bad_length_over_limit": png_file([png_chunk(b"tEXt", b"seed\x007", length=0xfffffff0)]),
+        "bad_first_not_ihdr": PNG_SIGNATURE + png_chunk(b"tEXt", b"seed\x007") + good[8:],
+        "bad_ihdr_length": PNG_SIGNATURE + png_chunk(b"IHDR", b"\0" * 12) + good[8 + 25:],
+        "bad_chunk_type": png_file([png_chunk(b"t3Xt", b"seed\x007")]),
+        "bad_text_no_nul": png_file([png_chunk(b"tEXt", b"seed")]),
+        "bad_text_nul_in_value": png_file([png_chunk(b"tEXt", b"seed\x007\x008")]),
+        "bad_keyword_empty": png_file([png_chunk(b"tEXt", b"\0value")]),
+        "bad_keyword_too_long": png_file([png_chunk(b"tEXt", b"k" * 80 + b"\0value")]),
+        "bad_keyword_leading_space": png_file([png_chunk(b"tEXt", b" seed\x007")]),
+        "bad_keyword_control": png_file([png_chunk(b"tEXt", b"se\x01ed\x007")]),
+        "bad_itxt_not_utf8": png_file([itxt(b"prompt", b"caf\xe9")]),
+        "bad_itxt_overlong_utf8": png_file([itxt(b"prompt", b"\xc0\xaf")]),
+        "bad_itxt_surrogate": png_file([itxt(b"prompt", b"\xed\xa0\x80")]),
+        "bad_itxt_truncated_header": png_file([png_chunk(b"iTXt", b"prompt\0\0")]),
+        "bad_itxt_no_language_nul": png_file([png_chunk(b"iTXt", b"prompt\0\0\0en")]),
+        "bad_itxt_flag": png_file([itxt(b"prompt", prompt, flag=2)]),
+        "bad_itxt_method": png_file([itxt(b"prompt", prompt, method=1)]),
+        "bad_ztxt_method": png_file([png_chunk(b"zTXt", b"Comment\0\x05abc")]),
+        "bad_second_ihdr": png_file([png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))]),
+    }
+    return cases
 
 
 # --- tokenizer files -----------------------------------------------------------------------------------------
@@ -693,6 +764,10 @@ def main():
     if args.only == "lora_file":
         write("lora_file", lora_cases())
         return
+    if args.only == "png_text":
+        write("png_text", png_text_cases())
+        return
+    write("png_text", png_text_cases())
     write("lora_file", lora_cases())
     write("safetensors", safetensors_cases())
     write("index", index_cases())

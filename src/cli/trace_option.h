@@ -1,0 +1,11 @@
+#pragma once
+// generate --trace FILE, kept beside generate's other options without growing generate_command.cpp.
+#include <CLI/CLI.hpp>
+
+#include "runtime/distributed_generate.h"
+
+namespace dp::cli {
+
+void add_trace_option(CLI::App& generate, runtime::RuntimeOptions& options);
+
+}  // namespace dp::cli
