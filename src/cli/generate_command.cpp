@@ -18,6 +18,7 @@
 #include "core/atomic_file.h"
 #include "core/output_policy.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "io/checkpoint_dir.h"
@@ -43,7 +44,7 @@ constexpr double kMaxTransportTimeout = 1e7;
 struct GenerateOptions {
   std::string config;  // --config FILE: its keys are already flags here (run_config.h); kept for messages
   int ranks = 0;       // the world size the run needs; 0: any
-  std::string model, prompts_file, report_json, output_type = "png", device = "cpu";
+  std::string model, prompts_file, report_json, output_type = "png", device = "auto";
   std::string out;    // default: out.png, or out.h5 for --output-type latent
   std::string dtype;  // default: fp32 on cpu, bf16 on cuda
   std::vector<std::string> prompts;
@@ -155,9 +156,9 @@ void check_no_stray_words(const GenerateOptions& o) {
   std::string words;
   for (const auto& w : o.stray_words) words += (words.empty() ? "" : " ") + w;
   if (o.prompts.empty())
-    DP_FAIL("unexpected argument(s) '", words, "' (generate has no positional arguments; see generate --help)");
+    DP_USAGE_FAIL("unexpected argument(s) '", words, "' (generate has no positional arguments; see generate --help)");
   const std::string example = o.prompts.size() == 1 ? o.prompts.front() + " " + words : "a cat on a mat";
-  DP_FAIL("unexpected argument(s) '", words, "': each --prompt takes one prompt, so a prompt with spaces must be ",
+  DP_USAGE_FAIL("unexpected argument(s) '", words, "': each --prompt takes one prompt, so a prompt with spaces must be ",
           "quoted (--prompt \"", example, "\"); repeat --prompt for several prompts");
 }
 
@@ -278,6 +279,8 @@ void check_world_size(const GenerateOptions& o, const runtime::World& world) {
 
 void generate_on_this_rank(const GenerateOptions& given_options) {
   GenerateOptions o = given_options;
+  if (o.output_type == "pil") o.output_type = "png";  // diffusers' output_type="pil" is our PNG files
+  o.device = resolve_device_name(o.device);
   // Everything up to the folder's checks is cheap: a bad request fails in milliseconds, before any weight is
   // read, and leaves no file behind.
   const auto& world = runtime::World::get();
@@ -384,9 +387,11 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
                                                    o.runtime.sequence_parallel);
   check_memory(request, dtype, flux, decode && world.rank() == components.vae.rank, this_rank_device,
                o.runtime.microbatch_size);
+  mark_work_started();  // a failure from here on is a runtime error (exit 1), before it an input error (3)
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
           request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
-          request.seed, ", ", dtype, " on ", o.device);
+          request.seed, ", ", dtype, " on ", o.device, given_options.device == "auto" ? " (--device auto)" : "",
+          ", device map ", o.runtime.device_map.empty() ? "pipeline (the default)" : o.runtime.device_map);
   const auto started = std::chrono::steady_clock::now();
   std::vector<double> step_ends;
   std::vector<std::string> written;
@@ -486,22 +491,26 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "a multiple of 2 x that factor (16 for FLUX.1), else rounded down with a warning, as diffusers; "
                   + str("at most ", Request::kMaxImageSide));
   cmd->add_option("--width", o->width, "image width in pixels (default, rounding and limit as --height)");
-  cmd->add_option("--steps", o->steps, str("denoising steps, 1 to ", Request::kMaxSteps))->capture_default_str();
-  cmd->add_option("--guidance", o->guidance,
-                  "guidance scale, a finite number (used when the transformer has a guidance embedding)")
+  cmd->add_option("--steps,--num-inference-steps", o->steps,
+                  str("denoising steps, 1 to ", Request::kMaxSteps, " (--num-inference-steps: diffusers' name)"))->capture_default_str();
+  cmd->add_option("--guidance,--guidance-scale", o->guidance,
+                  "guidance scale, a finite number (used when the transformer has a guidance embedding; "
+                  "--guidance-scale: diffusers' name)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the CPU generator that draws the initial latents")->capture_default_str();
   cmd->add_option("--max-sequence-length", o->max_sequence_length, "T5 tokens, at most 512")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype,
-                  "fp32, bf16 or fp16; default fp32 on cpu (bf16 is many times slower there), bf16 on cuda");
-  cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype,--torch-dtype", o->dtype,
+                  "fp32, bf16 or fp16 (also as torch names: torch.bfloat16, bfloat16, float16, float32); default fp32 on cpu (bf16 is many times slower there), bf16 on cuda");
+  cmd->add_option("--device", o->device, "auto (cuda when a GPU is visible, else cpu), cpu or cuda")
+      ->capture_default_str();
   cmd->add_option("--out", o->out,
                   "output path, default out.png (out.h5 with --output-type latent); its extension must match "
                   "--output-type. Several images are written as PATH-0.png, PATH-1.png ... (all images of the first "
                   "prompt first). A regular file or a new one (never through a symbolic link: a link is refused); "
                   "/dev/null discards them all; a FIFO or other device is refused");
   cmd->add_option("--output-type", o->output_type,
-                  "png, or latent: packed latents (B, seq, 64) float32 in an HDF5 file, dataset 'latents'")
+                  "png (or pil, diffusers' name for it), or latent: packed latents (B, seq, 64) float32 in an HDF5 file, "
+                  "dataset 'latents'")
       ->capture_default_str();
   cmd->add_option("--report-json", o->report_json,
                   "also write per-stage times (with the part spent loading weights), peak memory and step times "
@@ -588,9 +597,11 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       "limits above, and the memory the activations need (estimated from the configs) against what the device\n"
       "has free. Files are written whole (a temporary renamed over the name) or not at all; a full disk is\n"
       "named (ENOSPC, EDQUOT).\n\n"
-      "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM (to any\n"
-      "rank) after writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open\n"
-      "MPI's mpirun exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
+      "Exit status: 0 done; 1 runtime error (the work started and failed); 2 usage error (the command line\n"
+      "cannot be parsed); 3 input error (refused before any work: a bad folder, file or value, not enough\n"
+      "memory); 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM (to any rank) after writing a checkpoint into\n"
+      "--checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun exits 1 on its own\n"
+      "SIGTERM): requeue the job with --resume DIR.");
 });
 
 }  // namespace

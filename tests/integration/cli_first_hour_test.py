@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""What a new user meets first, run through the real binary: --version, the documented exit statuses (README's
+"Exit status" table), diffusers' option names and "did you mean" for a misspelt option.
+
+Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean;
+none: all). Needs DIFFPIPE_BINARY (the built diffpipe). Exits non-zero naming the first check that failed."""
+import json
+import os
+import pathlib
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+BINARY = os.environ.get("DIFFPIPE_BINARY", "")
+SMALL = ["--height", "32", "--width", "32", "--max-sequence-length", "16"]
+
+
+def fail(message):
+    print(f"FAIL: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(args, env=None, timeout=300):
+    result = subprocess.run([BINARY] + args, capture_output=True, text=True, timeout=timeout,
+                            env=dict(os.environ, **(env or {})))
+    return result.returncode, result.stdout, result.stderr
+
+
+def expect_code(args, code, what, contains=None, env=None):
+    got, out, err = run(args, env)
+    if got != code:
+        fail(f"{what}: `diffpipe {' '.join(args)}` exited {got}, the README says {code}:\n{out}\n{err}")
+    if contains is not None and contains not in out + err:
+        fail(f"{what}: the output does not say {contains!r}:\n{out}\n{err}")
+    print(f"ok: {what}: exit {code}")
+    return out + err
+
+
+def tiny_model(tmp):
+    folder = tmp / "tiny"
+    if not folder.exists():
+        code, out, err = run(["make-tiny", "--out", str(folder)])
+        if code != 0:
+            fail(f"make-tiny exited {code}:\n{out}\n{err}")
+    return folder
+
+
+def nan_model(tmp):
+    """The tiny model with NaN in the transformer's proj_out.weight: it loads, then the first step fails."""
+    folder = tmp / "nan"
+    subprocess.run(["cp", "-r", str(tiny_model(tmp)), str(folder)], check=True)
+    weights = next((folder / "transformer").glob("*.safetensors"))
+    with open(weights, "r+b") as f:
+        header_size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(header_size))
+        entry = header["proj_out.weight"]
+        begin, end = entry["data_offsets"]
+        nan = {"F32": struct.pack("<f", float("nan")), "BF16": b"\xc0\x7f", "F16": b"\x00\x7e"}[entry["dtype"]]
+        f.seek(8 + header_size + begin)
+        f.write(nan * ((end - begin) // len(nan)))
+    return folder
+
+
+def case_version(tmp):
+    for args in (["--version"], ["plan", "--version"]):
+        out = expect_code(args, 0, f"diffpipe {' '.join(args)}")
+        for field in ("diffpipe 0.", " git ", "LibTorch: ", "CUDA: ", "GPUs visible: ", "NCCL: ", "MPI: "):
+            if field not in out:
+                fail(f"diffpipe {' '.join(args)} does not print {field!r}:\n{out}")
+    if "--version" not in run(["--help"])[1]:
+        fail("diffpipe --help does not list --version")
+
+
+def case_exit_codes(tmp):
+    model = str(tiny_model(tmp))
+    out = str(tmp / "x.png")
+    expect_code(["--help"], 0, "help")
+    expect_code(["generate", "--help"], 0, "generate --help")
+    # 2: usage
+    expect_code(["genrate"], 2, "unknown command")
+    expect_code(["generate", "--prompt", "cat"], 2, "generate without --model", "--model")
+    expect_code(["plan"], 2, "plan without --model", "--model")
+    expect_code(["generate", "--model", model, "--prompt", "cat", "--no-such-flag"], 2, "unknown option")
+    expect_code(["generate", "--model", model, "--steps", "many", "--prompt", "cat"], 2, "a value of the wrong type")
+    expect_code(["generate", "--model", model, "--prompt", "a", "cat", "--out", out], 2, "an unquoted prompt")
+    expect_code(["inspect", "--model", model, "--jsn"], 2, "unknown option of inspect")
+    # 3: input, refused before any work
+    expect_code(["generate", "--model", str(tmp / "missing"), "--prompt", "cat", "--out", out], 3,
+                "a model folder that does not exist")
+    expect_code(["generate", "--model", model, "--prompt", "cat", "--steps", "0", "--out", out], 3, "--steps 0")
+    expect_code(["plan", "--model", str(tmp / "missing")], 3, "plan of a missing folder")
+    expect_code(["inspect", "--checkpoint", str(tmp / "missing.h5")], 3, "inspect of a missing checkpoint")
+    # 1: runtime, the work started and failed
+    expect_code(["generate", "--model", str(nan_model(tmp)), "--prompt", "cat", "--steps", "2", "--out", out] + SMALL,
+                1, "NaN weights found while denoising", "NaN")
+    # 75: preempted after a checkpoint
+    ckdir = tmp / "ck"
+    command = [BINARY, "generate", "--model", model, "--prompt", "cat", "--steps", "4", "--checkpoint-dir", str(ckdir),
+               "--output-type", "latent", "--out", str(tmp / "x.h5")] + SMALL
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP="2"))
+    deadline, lines, held = time.monotonic() + 300, [], False
+    for line in job.stdout:
+        lines.append(line)
+        if not held and "test hook: holding at step" in line:
+            held = True
+            job.send_signal(signal.SIGUSR1)
+        if time.monotonic() > deadline:
+            job.kill()
+            fail("the stopped run did not end within 300 s:\n" + "".join(lines))
+    code = job.wait(timeout=60)
+    if not held or code != 75:
+        fail(f"a run stopped by SIGUSR1 exited {code} (held: {held}), the README says 75:\n{''.join(lines)}")
+    print("ok: stopped by SIGUSR1 after a checkpoint: exit 75")
+
+
+def case_diffusers_names(tmp):
+    model = str(tiny_model(tmp))
+    ours = tmp / "ours.h5"
+    theirs = tmp / "theirs.h5"
+    common = ["generate", "--model", model, "--prompt", "a red cube", "--seed", "3", "--output-type", "latent"] + SMALL
+    expect_code(common + ["--steps", "2", "--guidance", "2.5", "--dtype", "fp32", "--out", str(ours)], 0, "our names")
+    expect_code(common + ["--num-inference-steps", "2", "--guidance-scale", "2.5", "--torch-dtype", "torch.float32",
+                          "--out", str(theirs)], 0, "diffusers' names")
+    import h5py
+    import numpy as np
+    with h5py.File(ours, "r") as a, h5py.File(theirs, "r") as b:
+        same = np.array_equal(a["latents"][()], b["latents"][()]) and dict(a.attrs) == dict(b.attrs)
+    if not same:
+        fail("diffusers' names gave other latents or attributes than ours: an alias is not the same option")
+    png = tmp / "pil.png"
+    log = expect_code(["generate", "--model", model, "--prompt", "cat", "--steps", "1", "--output-type", "pil",
+                       "--torch-dtype", "bfloat16", "--out", str(png)] + SMALL, 0, "--output-type pil")
+    if not png.read_bytes().startswith(b"\x89PNG"):
+        fail("--output-type pil did not write a PNG")
+    if "bf16" not in log:
+        fail(f"--torch-dtype bfloat16 is not reported as bf16:\n{log}")
+
+
+def case_did_you_mean(tmp):
+    model = str(tiny_model(tmp))
+    for command, wrong, meant in (
+            (["generate", "--model", model, "--prompt", "cat"], "--num-inference-step", "--num-inference-steps"),
+            (["generate", "--model", model, "--prompt", "cat"], "--guidence", "--guidance"),
+            (["plan", "--model", model], "--device_map", "--device-map"),
+            (["inspect", "--model", model], "--jsno", "--json"),
+            (["make-tiny", "--out", str(tmp / "t2")], "--attention-head", "--attention-heads")):
+        args = command + [wrong, "1"] if wrong != "--jsno" else command + [wrong]
+        out = expect_code(args, 2, f"{command[0]} {wrong}")
+        hint = f"unknown option {wrong} (did you mean {meant}?)"
+        if hint not in out:
+            fail(f"`{' '.join(args)}` does not say {hint!r}:\n{out}")
+    out = expect_code(["plan", "--model", model, "--zzzzzz"], 2, "an option far from every name")
+    if "unknown option --zzzzzz" not in out or "did you mean" in out:
+        fail(f"a far-off option should be named without a guess:\n{out}")
+
+
+CASES = {"version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
+         "did-you-mean": case_did_you_mean}
+
+if __name__ == "__main__":
+    if not BINARY:
+        fail("set DIFFPIPE_BINARY to the built diffpipe")
+    names = sys.argv[1:] or list(CASES)
+    with tempfile.TemporaryDirectory(prefix="diffpipe-first-hour-") as tmp:
+        for name in names:
+            if name not in CASES:
+                fail(f"unknown case {name!r} (cases: {', '.join(CASES)})")
+            CASES[name](pathlib.Path(tmp))
+    print("PASS")
