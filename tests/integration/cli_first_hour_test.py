@@ -2,7 +2,7 @@
 """What a new user meets first, run through the real binary: --version, the documented exit statuses (README's
 "Exit status" table), diffusers' option names and "did you mean" for a misspelt option.
 
-Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean;
+Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean, defaults;
 none: all). Needs DIFFPIPE_BINARY (the built diffpipe). Exits non-zero naming the first check that failed."""
 import json
 import os
@@ -158,7 +158,39 @@ def case_did_you_mean(tmp):
         fail(f"a far-off option should be named without a guess:\n{out}")
 
 
-CASES = {"version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
+def case_defaults(tmp):
+    model = str(tiny_model(tmp))
+    # generate: --device auto, the dtype of the device it chose, the pipeline map, all said on the start line.
+    log = expect_code(["generate", "--model", model, "--prompt", "cat", "--steps", "1", "--output-type", "latent",
+                       "--out", str(tmp / "d.h5")] + SMALL, 0, "generate with the defaults")
+    gpu = "GPUs visible: 0" not in run(["--version"])[1]
+    device = "cuda" if gpu else "cpu"
+    expected = f"{'bf16' if gpu else 'fp32'} on {device} (--device auto), device map pipeline (the default)"
+    if expected not in log:
+        fail(f"generate does not say the values it chose ({expected!r}):\n{log}")
+    if "auto" not in run(["generate", "--help"])[1].split("--device ", 1)[1].split("\n", 1)[0]:
+        fail("generate --help does not give --device's default as auto")
+    # plan: generate's map by default, and generate's dtype rule for the device it plans.
+    plan = json.loads(run(["plan", "--model", model, "--json"])[1])
+    if plan["transformer"]["device_map"] != "pipeline" or plan["dtype"] != "bf16":
+        fail(f"plan's defaults: map {plan['transformer']['device_map']}, dtype {plan['dtype']}; "
+             "expected generate's: pipeline, bf16 on cuda")
+    if json.loads(run(["plan", "--model", model, "--json", "--device", "cpu"])[1])["dtype"] != "fp32":
+        fail("plan --device cpu does not plan fp32, generate's dtype on the CPU")
+    text = run(["plan", "--model", model])[1]
+    if "dtype bf16, the default for --device cuda" not in text:
+        fail(f"plan does not say which dtype it chose and why:\n{text}")
+    # The demo's plan table is of the dtype its runs use.
+    demo = (pathlib.Path(__file__).resolve().parents[2] / "launch" / "demo.sh").read_text()
+    plan_line = next(line for line in demo.splitlines() if line.startswith('"$bin" plan '))
+    args = plan_line.replace('"$bin" plan ', "").replace('"$model"', model).split()
+    shown = run(["plan"] + args)[1].splitlines()[0]
+    if "dtype fp32" not in shown or demo.count("--dtype fp32") < 3:
+        fail(f"the demo plans another dtype than it runs (fp32): {shown}")
+    print("ok: generate and plan share their defaults and say them")
+
+
+CASES = {"defaults": case_defaults, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
          "did-you-mean": case_did_you_mean}
 
 if __name__ == "__main__":
