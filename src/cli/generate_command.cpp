@@ -234,14 +234,18 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
 }
 
 // --report-json: the stage reports and the denoising loop's step times, for benchmark scripts.
+// "height"/"width" are the image's, after rounding to the VAE's multiple (100x130 gives 96x128, as diffusers);
+// the requested ones are kept beside them.
 void write_report_json(const GenerateOptions& o, const std::string& dtype, const pipeline::GenerateRequest& request,
-                       const std::vector<pipeline::StageReport>& stages, const std::vector<double>& step_ends,
-                       double total_seconds) {
+                       const pipeline::LatentGrid& grid, const std::vector<pipeline::StageReport>& stages,
+                       const std::vector<double>& step_ends, double total_seconds) {
   nlohmann::json doc = {{"model", o.model},
                         {"device", o.device},
                         {"dtype", dtype},
-                        {"height", request.height},
-                        {"width", request.width},
+                        {"height", grid.image_height()},
+                        {"width", grid.image_width()},
+                        {"requested_height", request.height},
+                        {"requested_width", request.width},
                         {"steps", request.steps},
                         {"batch", request.batch()},
                         {"total_seconds", total_seconds},
@@ -389,7 +393,7 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
                o.runtime.microbatch_size);
   mark_work_started();  // a failure from here on is a runtime error (exit 1), before it an input error (3)
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
-          request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
+          grid.image_width(), "x", grid.image_height(), ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
           request.seed, ", ", dtype, " on ", o.device, given_options.device == "auto" ? " (--device auto)" : "",
           ", device map ", o.runtime.device_map.empty() ? "pipeline (the default)" : o.runtime.device_map);
   const auto started = std::chrono::steady_clock::now();
@@ -457,7 +461,7 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   }
   for (const auto& path : written) std::cout << "wrote " << path << "\n";
   if (!o.report_json.empty()) {
-    write_report_json(o, dtype, request, flux.reports(), step_ends, total);
+    write_report_json(o, dtype, request, grid, flux.reports(), step_ends, total);
     std::cout << "wrote " << o.report_json << "\n";
   }
 }

@@ -7,6 +7,7 @@ none: all). Needs DIFFPIPE_BINARY (the built diffpipe). Exits non-zero naming th
 import json
 import os
 import pathlib
+import re
 import signal
 import struct
 import subprocess
@@ -190,7 +191,43 @@ def case_defaults(tmp):
     print("ok: generate and plan share their defaults and say them")
 
 
-CASES = {"defaults": case_defaults, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
+def png_size(path):
+    data = pathlib.Path(path).read_bytes()
+    width, height = struct.unpack(">II", data[16:24])  # IHDR, right after the signature and chunk header
+    return height, width
+
+
+def case_issue_bugs(tmp):
+    model = str(tiny_model(tmp))
+    # --report-json records the size of the image written, not the one asked for before rounding.
+    png, report, ckdir = tmp / "r.png", tmp / "r.json", tmp / "ck-bugs"
+    expect_code(["generate", "--model", model, "--prompt", "cat", "--steps", "3", "--height", "100", "--width", "130",
+                 "--max-sequence-length", "16", "--out", str(png), "--report-json", str(report),
+                 "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1"], 0, "a size that is rounded")
+    doc = json.loads(report.read_text())
+    if (doc["height"], doc["width"]) != png_size(png) or (doc["requested_height"], doc["requested_width"]) != (100, 130):
+        fail(f"--report-json says {doc['height']}x{doc['width']} (asked {doc.get('requested_height')}x"
+             f"{doc.get('requested_width')}), the PNG is {png_size(png)}")
+    # inspect --checkpoint takes the folder as --resume does.
+    text = expect_code(["inspect", "--checkpoint", str(ckdir)], 0, "inspect --checkpoint DIR")
+    if "progress: 2/3 steps" not in text:
+        fail(f"inspect --checkpoint DIR does not show the newest checkpoint:\n{text}")
+    # inspect's module table in kB/MB/GB, not raw byte counts.
+    text = run(["inspect", "--model", model])[1]
+    rows = [line for line in text.splitlines() if line.startswith("  transformer_blocks")]
+    if not rows or not any(unit in rows[0] for unit in (" kB", " MB", " GB")):
+        fail(f"inspect's module rows are not in kB/MB/GB:\n{text}")
+    # plan: each strategy once, and no 0.00 ms time on a tiny model.
+    text = run(["plan", "--model", model, "--world-size", "2"])[1]
+    table = text.split("predicted stage times", 1)[1].splitlines()[2:4]
+    names = [line.split()[0] for line in table]
+    rounded_to_zero = [word for line in table for word in line.split() if re.fullmatch(r"([0-9]+:)?0\.0+", word)]
+    if len(set(names)) != len(names) or rounded_to_zero:
+        fail(f"plan's table repeats a strategy or rounds a time to 0.00:\n{text}")
+    print("ok: report size, inspect of a folder, inspect's units, plan's table")
+
+
+CASES = {"defaults": case_defaults, "issue-bugs": case_issue_bugs, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
          "did-you-mean": case_did_you_mean}
 
 if __name__ == "__main__":
