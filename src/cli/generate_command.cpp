@@ -24,6 +24,7 @@
 #include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
 #include "io/hdf5_latents.h"
+#include "io/hub_cache.h"
 #include "io/png_image.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
@@ -56,6 +57,7 @@ struct GenerateOptions {
   runtime::RuntimeOptions runtime;
   GenerateInputs inputs;  // --lora, --negative-prompt, --true-cfg-scale, --sigmas, --latents
   std::string resume;  // --resume FILE|DIR
+  std::string revision;  // --revision: of a --model given as a Hugging Face id
   // The run options given on the command line (as compare_runs names them): --resume takes the others from
   // the checkpoint.
   std::vector<std::string> given;
@@ -289,6 +291,10 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   // read, and leaves no file behind.
   const auto& world = runtime::World::get();
   check_no_stray_words(o);
+  const std::string model_as_given = o.model;
+  o.model = io::resolve_model_argument(o.model, o.revision);
+  if (o.model != model_as_given && world.is_coordinator()) DP_INFO("--model ", model_as_given, ": ", o.model);
+
   auto& checkpoints = o.runtime.checkpoints;
   DP_CHECK(checkpoints.every >= 0, "--checkpoint-every must be 0 or more steps, got ", checkpoints.every);
   DP_CHECK(checkpoints.keep >= 1, "--keep-checkpoints must be at least 1, got ", checkpoints.keep);
@@ -478,7 +484,13 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "the number of ranks this run needs (a config states it); checked against the MPI world before "
                   "anything loads (0: any)")
       ->capture_default_str();
-  cmd->add_option("--model", o->model, "diffusers FLUX pipeline folder (model_index.json and components)")->required();
+  cmd->add_option("--model", o->model,
+                  "diffusers FLUX pipeline folder (model_index.json and components), or a Hugging Face model id "
+                  "(black-forest-labs/FLUX.1-dev) already in the local cache (HF_HUB_CACHE, HF_HOME/hub or "
+                  "~/.cache/huggingface/hub; nothing is downloaded)")
+      ->required();
+  cmd->add_option("--revision", o->revision,
+                  "with a model id: the branch, tag or commit of the cached snapshot (default: main)");
   cmd->add_option("--prompt", o->prompts,
                   "one prompt (quote it when it has spaces: --prompt \"a cat on a mat\"); repeat for several")
       ->allow_extra_args(false);

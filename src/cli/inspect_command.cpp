@@ -14,6 +14,7 @@
 #include "core/json_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
+#include "io/hub_cache.h"
 #include "io/model_folder.h"
 #include "io/weight_index.h"
 #include "models/component_check.h"
@@ -203,7 +204,10 @@ CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
   auto checkpoint = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto lora = std::make_shared<LoraInspectOptions>();
-  auto* model_option = cmd->add_option("--model", *model, "diffusers model folder (or one component folder)");
+  auto* model_option = cmd->add_option(
+      "--model", *model, "diffusers model folder (or one component folder), or a Hugging Face model id in the local cache");
+  auto revision = std::make_shared<std::string>();
+  cmd->add_option("--revision", *revision, "with a model id: branch, tag or commit of the cached snapshot (main)");
   cmd->add_option("--lora", lora->path,
                   "a LoRA adapter file: its layout (diffusers/PEFT, kohya, BFL), ranks, alphas and the diffusers modules "
                   "it changes, as diffusers reads it (header and alphas only); with --model, fitted to that pipeline; "
@@ -220,7 +224,8 @@ CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
       "model fingerprint and options, after the checks --resume makes (exit status 3 when it would refuse it)");
   model_option->excludes(checkpoint_option);
   cmd->add_flag("--json", *as_json, "print one JSON object instead of tables");
-  cmd->callback([model, checkpoint, as_json, lora] {
+  cmd->callback([model, checkpoint, as_json, lora, revision] {
+    if (!model->empty()) *model = io::resolve_model_argument(*model, *revision);
     DP_CHECK(!model->empty() || !checkpoint->empty() || !lora->path.empty(),
              "inspect needs --model DIR, --checkpoint FILE|DIR or --lora FILE");
     if (!lora->path.empty()) {

@@ -17,6 +17,7 @@
 #include "cli/format.h"
 #include "cli/plan_simulation.h"
 #include "core/error.h"
+#include "io/hub_cache.h"
 #include "io/run_dtype.h"
 #include "placement/mesh.h"
 #include "placement/mesh_simulation.h"
@@ -47,6 +48,7 @@ struct PlanOptions {
   bool microbatch_given = false;
   std::string stage_ms;
   bool sequence_parallel_given = false;
+  std::string revision;  // of a --model given as a Hugging Face id
 };
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -279,6 +281,7 @@ void apply_sequence_parallel(PlanOptions& o) {
 
 void run_plan(PlanOptions& o) {
   auto& r = o.request;
+  r.model_dir = io::resolve_model_argument(r.model_dir, o.revision);
   if (o.sequence_parallel_given) apply_sequence_parallel(o);
   DP_CHECK(o.device == "cuda" || o.device == "cpu", "--device: expected cuda or cpu, got '", o.device, "'");
   // generate's rule (cli/torch_boundary.h): bf16 on cuda, fp32 on cpu, unless --dtype is given.
@@ -354,7 +357,10 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
       "Reads config.json files and safetensors headers only: no GPU, no weights.");
   auto o = std::make_shared<PlanOptions>();
   o->request.device_map = "pipeline";  // generate's default: plan shows what a plain generate would run
-  cmd->add_option("--model", o->request.model_dir, "diffusers model folder (or the transformer folder)")->required();
+  cmd->add_option("--model", o->request.model_dir,
+                  "diffusers model folder (or the transformer folder), or a Hugging Face model id in the local cache")
+      ->required();
+  cmd->add_option("--revision", o->revision, "with a model id: branch, tag or commit of the cached snapshot (main)");
   cmd->add_option("--device-map", o->request.device_map,
                   "transformer placement: auto, balanced, balanced_low_0, sequential (accelerate's), pipeline\n"
                   "(diffpipe's contiguous stages balanced by time; generate's default too), or FILE.json with a\n"

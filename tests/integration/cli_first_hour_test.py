@@ -2,7 +2,7 @@
 """What a new user meets first, run through the real binary: --version, the documented exit statuses (README's
 "Exit status" table), diffusers' option names and "did you mean" for a misspelt option.
 
-Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean, defaults;
+Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean, defaults, hub-id, issue-bugs;
 none: all). Needs DIFFPIPE_BINARY (the built diffpipe). Exits non-zero naming the first check that failed."""
 import json
 import os
@@ -227,7 +227,59 @@ def case_issue_bugs(tmp):
     print("ok: report size, inspect of a folder, inspect's units, plan's table")
 
 
-CASES = {"defaults": case_defaults, "issue-bugs": case_issue_bugs, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
+def fake_hub_cache(tmp, model):
+    """The tiny model laid out as huggingface_hub caches a download: blobs named by content, a snapshot of
+    relative symbolic links into them, refs/main naming the snapshot's commit."""
+    import hashlib
+    cache = tmp / "hf-home" / "hub"
+    repo = cache / "models--test-org--tiny-flux"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    for path in sorted(pathlib.Path(model).rglob("*")):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo / "snapshots" / commit / path.relative_to(model)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return cache, commit
+
+
+def case_hub_id(tmp):
+    model = str(tiny_model(tmp))
+    cache, commit = fake_hub_cache(tmp, model)
+    no_network = {"HF_HUB_OFFLINE": "1"}
+    for env in ({"HF_HUB_CACHE": str(cache)}, {"HF_HOME": str(cache.parent)}):
+        env = dict(env, **no_network)
+        where = ", ".join(f"{k}={v}" for k, v in env.items())
+        expect_code(["inspect", "--model", "test-org/tiny-flux"], 0, f"inspect of a model id ({where})", env=env)
+        expect_code(["plan", "--model", "test-org/tiny-flux", "--json"], 0, f"plan of a model id ({where})", env=env)
+    env = dict(no_network, HF_HUB_CACHE=str(cache))
+    common = ["--prompt", "cat", "--steps", "1", "--output-type", "latent"] + SMALL
+    expect_code(["generate", "--model", model, "--out", str(tmp / "folder.h5")] + common, 0, "generate from the folder")
+    log = expect_code(["generate", "--model", "test-org/tiny-flux", "--revision", commit,
+                       "--out", str(tmp / "id.h5")] + common, 0, "generate from the id at a commit", env=env)
+    if f"snapshots/{commit}" not in log:
+        fail(f"generate does not say which snapshot the id resolved to:\n{log}")
+    import h5py
+    import numpy as np
+    with h5py.File(tmp / "folder.h5", "r") as a, h5py.File(tmp / "id.h5", "r") as b:
+        if not np.array_equal(a["latents"][()], b["latents"][()]):
+            fail("the cached snapshot gave other latents than the folder it was made from")
+    out = expect_code(["plan", "--model", "test-org/tiny-flux", "--revision", "v2"], 3, "a revision not cached",
+                      "huggingface-cli download test-org/tiny-flux --revision v2", env=env)
+    out = expect_code(["generate", "--model", "black-forest-labs/FLUX.1-dev", "--prompt", "cat"], 3,
+                      "an id not cached", "huggingface-cli download black-forest-labs/FLUX.1-dev", env=env)
+    error_lines = [line for line in out.splitlines() if "error" in line]
+    if len(error_lines) != 1 or "licence" not in error_lines[0] or "snapshot_download" not in error_lines[0]:
+        fail(f"an id not cached should get one line on how to download it (licence, snapshot_download):\n{out}")
+
+
+CASES = {"defaults": case_defaults, "hub-id": case_hub_id, "issue-bugs": case_issue_bugs, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
          "did-you-mean": case_did_you_mean}
 
 if __name__ == "__main__":
