@@ -19,6 +19,7 @@
 #include "core/output_policy.h"
 #include "core/error.h"
 #include "core/exit_codes.h"
+#include "core/human_units.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "io/checkpoint_dir.h"
@@ -58,6 +59,7 @@ struct GenerateOptions {
   GenerateInputs inputs;  // --lora, --negative-prompt, --true-cfg-scale, --sigmas, --latents
   std::string resume;  // --resume FILE|DIR
   std::string revision;  // --revision: of a --model given as a Hugging Face id
+  bool dry_run = false;  // --dry-run: the checks that need no device, then exit
   // The run options given on the command line (as compare_runs names them): --resume takes the others from
   // the checkpoint.
   std::vector<std::string> given;
@@ -371,6 +373,17 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
                                        : str(" (", checkpoints.resume_path, " is of format version 1, without a run id: "
                                              "this run gets a new one and leaves that file in place)"));
   }
+  if (o.dry_run) {
+    // What needs no GPU and no weights: the folder's components (headers), so that a command can be checked on
+    // any machine (the README's quickstart test does).
+    pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
+    flux.check_components(decode);
+    if (world.is_coordinator())
+      std::cout << "dry run: the request is valid (" << request.prompts.size() << " prompt(s), " << request.steps
+                << " steps, " << dtype << " on " << o.device << ", model " << o.model << ", " << world.size()
+                << " rank(s)); not checked: the device, the transport and the memory\n";
+    return;
+  }
   // The transport is settled before the device is opened or anything loaded: --transport nccl on the CPU or
   // without NCCL in the build fails here, in milliseconds.
   runtime::choose_transport(o.runtime.transport, o.device == "cuda", world.size());
@@ -410,9 +423,11 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
     step_ends.push_back(p.elapsed_seconds);
     const double per_step = p.elapsed_seconds / p.step;
     const double images_per_second = p.elapsed_seconds > 0 ? request.batch() * p.step / (p.steps * p.elapsed_seconds) : 0;
-    DP_INFO("step ", p.step, "/", p.steps, ": ", std::fixed, std::setprecision(2), per_step * 1000, " ms/step, ",
-            std::setprecision(3), images_per_second, " images/s, ", std::setprecision(2), p.elapsed_seconds,
-            " s elapsed, ", per_step * (p.steps - p.step), " s left");
+    // Microbatches run a few at a time: this is work done in units of one step of every image, not a step.
+    DP_INFO("progress ", p.step, "/", p.steps, " (", p.images_done, "/", request.batch(), " images done): ",
+            human_seconds(per_step), " per step of every image, ", std::setprecision(3), images_per_second,
+            " images/s, ", human_seconds(p.elapsed_seconds), " elapsed, ", human_seconds(per_step * (p.steps - p.step)),
+            " left");
   };
   if (decode) {
     // Called as each microbatch's images arrive, so that a job that dies keeps what it finished.
@@ -489,6 +504,9 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "(black-forest-labs/FLUX.1-dev) already in the local cache (HF_HUB_CACHE, HF_HOME/hub or "
                   "~/.cache/huggingface/hub; nothing is downloaded)")
       ->required();
+  cmd->add_flag("--dry-run", o->dry_run,
+                "check the request, every path and the model folder's components, print what would run and exit, "
+                "without a device or loading any weight");
   cmd->add_option("--revision", o->revision,
                   "with a model id: the branch, tag or commit of the cached snapshot (default: main)");
   cmd->add_option("--prompt", o->prompts,

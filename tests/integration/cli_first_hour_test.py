@@ -2,7 +2,7 @@
 """What a new user meets first, run through the real binary: --version, the documented exit statuses (README's
 "Exit status" table), diffusers' option names and "did you mean" for a misspelt option.
 
-Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean, defaults, hub-id, issue-bugs;
+Usage: cli_first_hour_test.py CASE [CASE ...]   (cases: version, exit-codes, diffusers-names, did-you-mean, defaults, hub-id, logs, issue-bugs;
 none: all). Needs DIFFPIPE_BINARY (the built diffpipe). Exits non-zero naming the first check that failed."""
 import json
 import os
@@ -279,7 +279,43 @@ def case_hub_id(tmp):
         fail(f"an id not cached should get one line on how to download it (licence, snapshot_download):\n{out}")
 
 
-CASES = {"defaults": case_defaults, "hub-id": case_hub_id, "issue-bugs": case_issue_bugs, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
+def case_logs(tmp):
+    model = str(tiny_model(tmp))
+    args = ["generate", "--model", model, "--prompt", "cat", "--prompt", "dog", "--num-images-per-prompt", "2",
+            "--microbatch-size", "1", "--steps", "3", "--output-type", "latent", "--checkpoint-every", "1",
+            "--device", "cpu"] + SMALL
+    log = expect_code(args + ["--out", str(tmp / "l1.h5"), "--checkpoint-dir", str(tmp / "ck-logs")], 0,
+                      "a run of four microbatches")
+    lines = log.splitlines()
+    # "step k/N" names a denoising step only; the ring's progress counts images done.
+    progress = [line for line in lines if "] progress " in line]
+    if not progress or not all("images done" in line for line in progress):
+        fail(f"the ring's progress lines do not count images done:\n{log}")
+    stray = [line for line in lines if re.search(r"(?<!denoising )\bstep [0-9]+/[0-9]+", line)]
+    if stray:
+        fail("'step k/N' used for something else than a denoising step:\n" + "\n".join(stray))
+    # Seconds for people: no 0.0012923 s.
+    raw = [line for line in lines if re.search(r"[0-9]\.[0-9]{4,} ?s\b", line)]
+    if raw:
+        fail("unrounded seconds in the log:\n" + "\n".join(raw))
+    if not any(re.search(r"\] stage [a-z]+: [0-9.]+ (us|ms|s) \(loading weights [0-9.]+ (us|ms|s)\)", line)
+               for line in lines):
+        fail(f"no stage line with rounded times:\n{log}")
+    # Over two ranks the prefix carries the rank, and the message does not say it again.
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    two = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1", BINARY] + args +
+                         ["--out", str(tmp / "l2.h5"), "--checkpoint-dir", str(tmp / "ck-logs-2")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    text = two.stdout + two.stderr
+    if two.returncode != 0:
+        fail(f"the 2-rank run exited {two.returncode}:\n{text}")
+    twice = [line for line in text.splitlines() if re.search(r"\[rank ([0-9]+)\] \[[a-z]+\] rank \1: ", line)]
+    if twice or "[rank 1]" not in text:
+        fail("the rank said twice on a line (or no rank prefix):\n" + "\n".join(twice or text.splitlines()))
+    print("ok: steps, progress, rounding and the rank prefix in the logs")
+
+
+CASES = {"defaults": case_defaults, "logs": case_logs, "hub-id": case_hub_id, "issue-bugs": case_issue_bugs, "version": case_version, "exit-codes": case_exit_codes, "diffusers-names": case_diffusers_names,
          "did-you-mean": case_did_you_mean}
 
 if __name__ == "__main__":
