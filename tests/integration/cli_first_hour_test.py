@@ -224,7 +224,14 @@ def case_issue_bugs(tmp):
     rounded_to_zero = [word for line in table for word in line.split() if re.fullmatch(r"([0-9]+:)?0\.0+", word)]
     if len(set(names)) != len(names) or rounded_to_zero:
         fail(f"plan's table repeats a strategy or rounds a time to 0.00:\n{text}")
-    print("ok: report size, inspect of a folder, inspect's units, plan's table")
+    # A custom map that offloads to a cpu without a budget is planned with a warning, not silently.
+    custom = tmp / "offload.json"
+    custom.write_text('{"": 0, "single_transformer_blocks": "cpu"}')
+    code, out, err = run(["plan", "--model", model, "--device-map", str(custom), "--max-memory", "0=1GB", "--json"])
+    doc = json.loads(out) if code == 0 else {}
+    if code != 0 or "whose budget is 0 B" not in err or not doc.get("warnings"):
+        fail(f"a custom map over the cpu's 0 B budget is not warned about (exit {code}):\n{err}")
+        print("ok: report size, inspect of a folder, inspect's units, plan's table")
 
 
 def fake_hub_cache(tmp, model):
