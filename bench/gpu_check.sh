@@ -291,7 +291,7 @@ killed_rank() {
   timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" mpirun --allow-run-as-root --oversubscribe -np 3 "$bin" \
     "${tiny_request[@]}" --steps 1000 --transport nccl --transport-timeout "$timeout" --out "$work/killed.h5" > "$log" 2>&1 &
   job=$!
-  until grep -q "step 1/1000" "$log" 2>/dev/null; do
+  until grep -q "progress 1/1000" "$log" 2>/dev/null; do
     sleep 0.2; waited=$((waited + 1))
     if ! kill -0 "$job" 2>/dev/null || [ "$waited" -gt 600 ]; then
       kill "$job" 2>/dev/null || true; tail -8 "$log"; fail "the run never reached step 1"

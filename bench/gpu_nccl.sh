@@ -119,7 +119,7 @@ kill_check() {
     --height 128 --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 \
     --transport nccl --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
   local job=$! waited=0
-  until grep -q "step 1/1000" "$log" 2>/dev/null; do
+  until grep -q "progress 1/1000" "$log" 2>/dev/null; do
     sleep 0.2; waited=$((waited + 1))
     if ! kill -0 $job 2>/dev/null || [ $waited -gt 600 ]; then
       failed "killed rank: the run never reached step 1"; tail -8 "$log"; kill $job 2>/dev/null; return

@@ -101,7 +101,7 @@ start_long_run() {
   launch "${request[@]}" --steps 1000 --out "$tmp/long.h5" > "$log" 2>&1 &
   job_pid=$!
   local waited=0
-  until grep -q "step 1/1000" "$log" 2>/dev/null; do
+  until grep -q "progress 1/1000" "$log" 2>/dev/null; do
     if ! kill -0 "$job_pid" 2>/dev/null; then return 1; fi
     [ $waited -lt 600 ] || return 1  # 60 s to start four ranks on a loaded machine
     sleep 0.1

@@ -259,7 +259,7 @@ if wait_idle 1; then
   mkdir -p "$out"
   job=$(OUT_DIR=$out CHECKPOINT_EVERY=100 GENERATE_ARGS="${long[*]} --out $out/latents.h5" \
         sbatch --parsable -n 2 -c 1 -o "$out/job.log" "$here/cluster/slurm/generate.sbatch")
-  for _ in $(seq 1 600); do grep -q "step 5/$steps" "$out/logs/run0/rank0.log" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 1 600); do grep -q "progress 5/$steps" "$out/logs/run0/rank0.log" 2>/dev/null && break; sleep 0.1; done
   scancel --signal=USR1 --batch "$job"
   state="" restarts=0 pending=0
   for _ in $(seq 1 1200); do
@@ -281,7 +281,7 @@ if wait_idle 1; then
     failed "requeue: job $job ended $state (exit $exit_code) after $restarts requeue(s): $(tail -6 "$out/job.log")"
   elif ! grep -q "resuming from" "$out/job.log"; then
     failed "requeue: job $job was requeued but its rerun did not resume from a checkpoint"
-  elif grep -q "step 1/$steps:" "$out/logs/run1/rank0.log" 2>/dev/null; then
+  elif grep -q "progress 1/$steps " "$out/logs/run1/rank0.log" 2>/dev/null; then
     failed "requeue: job $job's rerun started again from step 1 instead of resuming from its checkpoint"
   elif ! same_latents "$tmp/reference-long.h5" "$out/latents.h5"; then
     failed "requeue: the resumed job's latents differ from the uninterrupted run"

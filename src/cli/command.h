@@ -43,4 +43,8 @@ inline constexpr const char* kCalibrateSummary =
 // Exit code a command callback asks main to return (0 unless the command sets it).
 int& command_exit_code();
 
+// The text `diffpipe --version` prints. diffpipe-torch sets it (the runtime's libraries: LibTorch, CUDA, NCCL,
+// MPI); the front, which links none of them, hands --version to diffpipe-torch.
+std::function<std::string()>& version_text();
+
 }  // namespace dp::cli

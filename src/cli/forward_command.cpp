@@ -20,6 +20,7 @@
 #include "cli/torch_boundary.h"
 #include "pipeline/device_stats.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "core/output_policy.h"
@@ -171,6 +172,7 @@ void run_forward(const ForwardOptions& o) {
   const auto bounds = parse_stages(o.stages, config.num_blocks());
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
 
+  mark_work_started();  // from here a failure is a runtime error (exit 1), before it an input error (3)
   auto load_started = std::chrono::steady_clock::now();
   std::shared_ptr<const models::LoraSet> lora;
   if (!o.lora.empty()) {

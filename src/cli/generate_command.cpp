@@ -21,11 +21,14 @@
 #include "core/atomic_file.h"
 #include "core/output_policy.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
+#include "core/human_units.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
 #include "io/hdf5_latents.h"
+#include "io/hub_cache.h"
 #include "io/png_image.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
@@ -48,7 +51,7 @@ constexpr double kMaxTransportTimeout = 1e7;
 struct GenerateOptions {
   std::string config;  // --config FILE: its keys are already flags here (run_config.h); kept for messages
   int ranks = 0;       // the world size the run needs; 0: any
-  std::string model, prompts_file, report_json, output_type = "png", device = "cpu";
+  std::string model, prompts_file, report_json, output_type = "png", device = "auto";
   std::string out;    // default: out.png, or out.h5 for --output-type latent
   std::string dtype;  // default: fp32 on cpu, bf16 on cuda
   std::vector<std::string> prompts;
@@ -61,6 +64,8 @@ struct GenerateOptions {
   GenerateInputs inputs;  // --lora, --negative-prompt, --true-cfg-scale, --sigmas, --latents
   std::string resume;  // --resume FILE|DIR
   bool no_warm_up = false;
+  std::string revision;  // --revision: of a --model given as a Hugging Face id
+  bool dry_run = false;  // --dry-run: the checks that need no device, then exit
   // The run options given on the command line (as compare_runs names them): --resume takes the others from
   // the checkpoint.
   std::vector<std::string> given;
@@ -161,9 +166,9 @@ void check_no_stray_words(const GenerateOptions& o) {
   std::string words;
   for (const auto& w : o.stray_words) words += (words.empty() ? "" : " ") + w;
   if (o.prompts.empty())
-    DP_FAIL("unexpected argument(s) '", words, "' (generate has no positional arguments; see generate --help)");
+    DP_USAGE_FAIL("unexpected argument(s) '", words, "' (generate has no positional arguments; see generate --help)");
   const std::string example = o.prompts.size() == 1 ? o.prompts.front() + " " + words : "a cat on a mat";
-  DP_FAIL("unexpected argument(s) '", words, "': each --prompt takes one prompt, so a prompt with spaces must be ",
+  DP_USAGE_FAIL("unexpected argument(s) '", words, "': each --prompt takes one prompt, so a prompt with spaces must be ",
           "quoted (--prompt \"", example, "\"); repeat --prompt for several prompts");
 }
 
@@ -239,14 +244,18 @@ void check_memory(const pipeline::GenerateRequest& request, const std::string& d
 }
 
 // --report-json: the stage reports and the denoising loop's step times, for benchmark scripts.
+// "height"/"width" are the image's, after rounding to the VAE's multiple (100x130 gives 96x128, as diffusers);
+// the requested ones are kept beside them.
 void write_report_json(const GenerateOptions& o, const std::string& dtype, const pipeline::GenerateRequest& request,
-                       const std::vector<pipeline::StageReport>& stages, const std::vector<double>& step_ends,
-                       double total_seconds) {
+                       const pipeline::LatentGrid& grid, const std::vector<pipeline::StageReport>& stages,
+                       const std::vector<double>& step_ends, double total_seconds) {
   nlohmann::json doc = {{"model", o.model},
                         {"device", o.device},
                         {"dtype", dtype},
-                        {"height", request.height},
-                        {"width", request.width},
+                        {"height", grid.image_height()},
+                        {"width", grid.image_width()},
+                        {"requested_height", request.height},
+                        {"requested_width", request.width},
                         {"steps", request.steps},
                         {"batch", request.batch()},
                         {"total_seconds", total_seconds},
@@ -314,10 +323,16 @@ void check_world_size(const GenerateOptions& o, const runtime::World& world) {
 
 void generate_on_this_rank(const GenerateOptions& given_options) {
   GenerateOptions o = given_options;
+  if (o.output_type == "pil") o.output_type = "png";  // diffusers' output_type="pil" is our PNG files
+  o.device = resolve_device_name(o.device);
   // Everything up to the folder's checks is cheap: a bad request fails in milliseconds, before any weight is
   // read, and leaves no file behind.
   const auto& world = runtime::World::get();
   check_no_stray_words(o);
+  const std::string model_as_given = o.model;
+  o.model = io::resolve_model_argument(o.model, o.revision);
+  if (o.model != model_as_given && world.is_coordinator()) DP_INFO("--model ", model_as_given, ": ", o.model);
+
   auto& checkpoints = o.runtime.checkpoints;
   DP_CHECK(checkpoints.every >= 0, "--checkpoint-every must be 0 or more steps, got ", checkpoints.every);
   DP_CHECK(checkpoints.keep >= 1, "--keep-checkpoints must be at least 1, got ", checkpoints.keep);
@@ -394,6 +409,17 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
                                        : str(" (", checkpoints.resume_path, " is of format version 1, without a run id: "
                                              "this run gets a new one and leaves that file in place)"));
   }
+  if (o.dry_run) {
+    // What needs no GPU and no weights: the folder's components (headers), so that a command can be checked on
+    // any machine (the README's quickstart test does).
+    pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
+    flux.check_components(decode);
+    if (world.is_coordinator())
+      std::cout << "dry run: the request is valid (" << request.prompts.size() << " prompt(s), " << request.steps
+                << " steps, " << dtype << " on " << o.device << ", model " << o.model << ", " << world.size()
+                << " rank(s)); not checked: the device, the transport and the memory\n";
+    return;
+  }
   // The transport is settled before the device is opened or anything loaded: --transport nccl on the CPU or
   // without NCCL in the build fails here, in milliseconds.
   runtime::choose_transport(o.runtime.transport, o.device == "cuda", world.size());
@@ -426,9 +452,11 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
                                                    o.runtime.sequence_parallel);
   check_memory(request, dtype, flux, decode && world.rank() == components.vae.rank, this_rank_device,
                o.runtime.microbatch_size);
+  mark_work_started();  // a failure from here on is a runtime error (exit 1), before it an input error (3)
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
-          request.width, "x", request.height, ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
-          request.seed, ", ", dtype, " on ", o.device);
+          grid.image_width(), "x", grid.image_height(), ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",
+          request.seed, ", ", dtype, " on ", o.device, given_options.device == "auto" ? " (--device auto)" : "",
+          ", device map ", o.runtime.device_map.empty() ? "pipeline (the default)" : o.runtime.device_map);
   const auto started = std::chrono::steady_clock::now();
   std::vector<double> step_ends;
   std::vector<std::string> written;
@@ -437,9 +465,11 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
     step_ends.push_back(p.elapsed_seconds);
     const double per_step = p.elapsed_seconds / p.step;
     const double images_per_second = p.elapsed_seconds > 0 ? request.batch() * p.step / (p.steps * p.elapsed_seconds) : 0;
-    DP_INFO("step ", p.step, "/", p.steps, ": ", std::fixed, std::setprecision(2), per_step * 1000, " ms/step, ",
-            std::setprecision(3), images_per_second, " images/s, ", std::setprecision(2), p.elapsed_seconds,
-            " s elapsed, ", per_step * (p.steps - p.step), " s left");
+    // Microbatches run a few at a time: this is work done in units of one step of every image, not a step.
+    DP_INFO("progress ", p.step, "/", p.steps, " (", p.images_done, "/", request.batch(), " images done): ",
+            human_seconds(per_step), " per step of every image, ", std::setprecision(3), images_per_second,
+            " images/s, ", human_seconds(p.elapsed_seconds), " elapsed, ", human_seconds(per_step * (p.steps - p.step)),
+            " left");
   };
   if (decode) {
     // Called as each microbatch's images arrive, so that a job that dies keeps what it finished.
@@ -496,7 +526,7 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   }
   for (const auto& path : written) std::cout << "wrote " << path << "\n";
   if (!o.report_json.empty()) {
-    write_report_json(o, dtype, request, flux.reports(), step_ends, total);
+    write_report_json(o, dtype, request, grid, flux.reports(), step_ends, total);
     std::cout << "wrote " << o.report_json << "\n";
   }
 }
@@ -513,7 +543,16 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "the number of ranks this run needs (a config states it); checked against the MPI world before "
                   "anything loads (0: any)")
       ->capture_default_str();
-  cmd->add_option("--model", o->model, "diffusers FLUX pipeline folder (model_index.json and components)")->required();
+  cmd->add_option("--model", o->model,
+                  "diffusers FLUX pipeline folder (model_index.json and components), or a Hugging Face model id "
+                  "(black-forest-labs/FLUX.1-dev) already in the local cache (HF_HUB_CACHE, HF_HOME/hub or "
+                  "~/.cache/huggingface/hub; nothing is downloaded)")
+      ->required();
+  cmd->add_flag("--dry-run", o->dry_run,
+                "check the request, every path and the model folder's components, print what would run and exit, "
+                "without a device or loading any weight");
+  cmd->add_option("--revision", o->revision,
+                  "with a model id: the branch, tag or commit of the cached snapshot (default: main)");
   cmd->add_option("--prompt", o->prompts,
                   "one prompt (quote it when it has spaces: --prompt \"a cat on a mat\"); repeat for several")
       ->allow_extra_args(false);
@@ -530,22 +569,26 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
                   "a multiple of 2 x that factor (16 for FLUX.1), else rounded down with a warning, as diffusers; "
                   + str("at most ", Request::kMaxImageSide));
   cmd->add_option("--width", o->width, "image width in pixels (default, rounding and limit as --height)");
-  cmd->add_option("--steps", o->steps, str("denoising steps, 1 to ", Request::kMaxSteps))->capture_default_str();
-  cmd->add_option("--guidance", o->guidance,
-                  "guidance scale, a finite number (used when the transformer has a guidance embedding)")
+  cmd->add_option("--steps,--num-inference-steps", o->steps,
+                  str("denoising steps, 1 to ", Request::kMaxSteps, " (--num-inference-steps: diffusers' name)"))->capture_default_str();
+  cmd->add_option("--guidance,--guidance-scale", o->guidance,
+                  "guidance scale, a finite number (used when the transformer has a guidance embedding; "
+                  "--guidance-scale: diffusers' name)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the CPU generator that draws the initial latents")->capture_default_str();
   cmd->add_option("--max-sequence-length", o->max_sequence_length, "T5 tokens, at most 512")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype,
-                  "fp32, bf16 or fp16; default fp32 on cpu (bf16 is many times slower there), bf16 on cuda");
-  cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype,--torch-dtype", o->dtype,
+                  "fp32, bf16 or fp16 (also as torch names: torch.bfloat16, bfloat16, float16, float32); default fp32 on cpu (bf16 is many times slower there), bf16 on cuda");
+  cmd->add_option("--device", o->device, "auto (cuda when a GPU is visible, else cpu), cpu or cuda")
+      ->capture_default_str();
   cmd->add_option("--out", o->out,
                   "output path, default out.png (out.h5 with --output-type latent); its extension must match "
                   "--output-type. Several images are written as PATH-0.png, PATH-1.png ... (all images of the first "
                   "prompt first). A regular file or a new one (never through a symbolic link: a link is refused); "
                   "/dev/null discards them all; a FIFO or other device is refused");
   cmd->add_option("--output-type", o->output_type,
-                  "png, or latent: packed latents (B, seq, 64) float32 in an HDF5 file, dataset 'latents'")
+                  "png (or pil, diffusers' name for it), or latent: packed latents (B, seq, 64) float32 in an HDF5 file, "
+                  "dataset 'latents'")
       ->capture_default_str();
   cmd->add_option("--report-json", o->report_json,
                   "also write per-stage times (with the part spent loading weights), peak memory and step times "
@@ -655,9 +698,11 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       "limits above, and the memory the activations need (estimated from the configs) against what the device\n"
       "has free. Files are written whole (a temporary renamed over the name) or not at all; a full disk is\n"
       "named (ENOSPC, EDQUOT).\n\n"
-      "Exit status: 0 done; 1 an error; 2 a usage error; 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM (to any\n"
-      "rank) after writing a checkpoint into --checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open\n"
-      "MPI's mpirun exits 1 on its own SIGTERM): requeue the job with --resume DIR.");
+      "Exit status: 0 done; 1 runtime error (the work started and failed); 2 usage error (the command line\n"
+      "cannot be parsed); 3 input error (refused before any work: a bad folder, file or value, not enough\n"
+      "memory); 75 (EX_TEMPFAIL) stopped by SIGUSR1/SIGTERM (to any rank) after writing a checkpoint into\n"
+      "--checkpoint-dir (every rank; mpirun too for SIGUSR1, while Open MPI's mpirun exits 1 on its own\n"
+      "SIGTERM): requeue the job with --resume DIR.");
 });
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `diffpipe inspect`: what a model folder holds, from safetensors headers only (no weights are read), and
 // what is wrong with it: the same component checks `generate` runs before any compute.
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -12,7 +13,9 @@
 #include "cli/inspect_png.h"
 #include "core/error.h"
 #include "core/json_file.h"
+#include "io/checkpoint_dir.h"
 #include "io/checkpoint_file.h"
+#include "io/hub_cache.h"
 #include "io/model_folder.h"
 #include "io/weight_index.h"
 #include "models/component_check.h"
@@ -79,8 +82,8 @@ void print_tables(const nlohmann::json& report) {
                 << std::setw(16) << "parameters" << std::setw(16) << "bytes" << "  dtypes\n";
       for (const auto& m : c["modules"]) {
         std::cout << "  " << std::left << std::setw(34) << m["module"].get<std::string>() << std::right << std::setw(9)
-                  << m["tensors"].get<uint64_t>() << std::setw(16) << m["parameters"].get<uint64_t>() << std::setw(16)
-                  << m["bytes"].get<uint64_t>() << "  " << join(m["dtypes"].get<std::set<std::string>>()) << "\n";
+                  << m["tensors"].get<uint64_t>() << std::setw(16) << human_count(m["parameters"].get<uint64_t>())
+                  << std::setw(16) << human_bytes(m["bytes"].get<uint64_t>()) << "  " << join(m["dtypes"].get<std::set<std::string>>()) << "\n";
       }
     }
     for (const auto& problem : c["problems"]) std::cout << "  problem: " << problem.get<std::string>() << "\n";
@@ -117,7 +120,7 @@ void run_inspect(const std::string& model_dir, bool as_json) {
 }
 
 // `inspect --checkpoint FILE`: what a denoising checkpoint holds, read and validated as --resume would.
-void inspect_checkpoint(const std::string& path, bool as_json) {
+void inspect_checkpoint_file(const std::string& path, bool as_json) {
   const io::Checkpoint c = io::read_checkpoint(path);  // throws naming what is wrong
   nlohmann::ordered_json images = nlohmann::ordered_json::array();
   for (size_t i = 0; i < c.image_steps.size(); ++i) {
@@ -170,15 +173,42 @@ void inspect_checkpoint(const std::string& path, bool as_json) {
   }
 }
 
+// `inspect --checkpoint DIR`, as --resume DIR takes a folder: the newest checkpoint of each run there that reads
+// and validates (a damaged newer one is named and skipped, as --resume skips it).
+void inspect_checkpoint(const std::string& path, bool as_json) {
+  if (!std::filesystem::is_directory(path)) return inspect_checkpoint_file(path, as_json);
+  std::map<std::string, const io::CheckpointEntry*> newest_of_run;
+  const auto entries = io::scan_checkpoint_dir(path);  // oldest step first
+  for (const auto& entry : entries) {
+    if (!entry.problem.empty()) {
+      std::cerr << "inspect: " << entry.path << " skipped: " << entry.problem << "\n";
+      continue;
+    }
+    newest_of_run[entry.run_key()] = &entry;
+  }
+  DP_CHECK(!newest_of_run.empty(), path, ": no readable checkpoint (checkpoint-stepNNNNNN-RUNID.h5) in this folder");
+  if (as_json && newest_of_run.size() > 1) std::cout << "[\n";
+  size_t printed = 0;
+  for (const auto& [run, entry] : newest_of_run) {
+    if (printed++ > 0) std::cout << (as_json ? ",\n" : "\n");
+    if (!as_json && newest_of_run.size() > 1) std::cout << "run " << run << " (newest of its checkpoints):\n";
+    inspect_checkpoint_file(entry->path, as_json);
+  }
+  if (as_json && newest_of_run.size() > 1) std::cout << "]\n";
+}
+
 CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
   auto* cmd = root.add_subcommand("inspect", "List components, parameter counts, dtypes and bytes per top-level "
                                              "module, from safetensors headers only, and check each component "
-                                             "as generate does before it runs (exit status 1 on any problem)");
+                                             "as generate does before it runs (exit status 3 on any problem)");
   auto model = std::make_shared<std::string>();
   auto checkpoint = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto lora = std::make_shared<LoraInspectOptions>();
-  auto* model_option = cmd->add_option("--model", *model, "diffusers model folder (or one component folder)");
+  auto* model_option = cmd->add_option(
+      "--model", *model, "diffusers model folder (or one component folder), or a Hugging Face model id in the local cache");
+  auto revision = std::make_shared<std::string>();
+  cmd->add_option("--revision", *revision, "with a model id: branch, tag or commit of the cached snapshot (main)");
   cmd->add_option("--lora", lora->path,
                   "a LoRA adapter file: its layout (diffusers/PEFT, kohya, BFL), ranks, alphas and the diffusers modules "
                   "it changes, as diffusers reads it (header and alphas only); with --model, fitted to that pipeline; "
@@ -190,17 +220,19 @@ CommandRegistrar registrar("inspect", 50, [](CLI::App& root) {
   cmd->add_option("--max-memory", lora->max_memory, "with --lora and --model: as plan takes it");
   auto* checkpoint_option = cmd->add_option(
       "--checkpoint", *checkpoint,
-      "instead of a model: a denoising checkpoint (generate --checkpoint-dir): its prompts, steps done per image, "
-      "model fingerprint and options, after the checks --resume makes (exit status 1 when it would refuse it)");
+      "instead of a model: a denoising checkpoint (generate --checkpoint-dir), or a folder of them (the newest "
+      "of each run there, as --resume DIR picks): its prompts, steps done per image, "
+      "model fingerprint and options, after the checks --resume makes (exit status 3 when it would refuse it)");
   model_option->excludes(checkpoint_option);
   cmd->add_flag("--json", *as_json, "print one JSON object instead of tables");
   auto png = std::make_shared<std::string>();
   cmd->add_option("png", *png, "a PNG image: the prompt, seed and settings generate stored in its text chunks")
       ->excludes(model_option)
       ->excludes(checkpoint_option);
-  cmd->callback([model, checkpoint, as_json, lora, png] {
+  cmd->callback([model, checkpoint, as_json, lora, png, revision] {
+    if (!model->empty()) *model = io::resolve_model_argument(*model, *revision);
     DP_CHECK(!model->empty() || !checkpoint->empty() || !lora->path.empty() || !png->empty(),
-             "inspect needs --model DIR, --checkpoint FILE, --lora FILE or a PNG file");
+             "inspect needs --model DIR, --checkpoint FILE|DIR, --lora FILE or a PNG file");
     if (!png->empty()) {
       inspect_png(*png, *as_json);
     } else if (!lora->path.empty()) {

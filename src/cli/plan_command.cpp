@@ -6,6 +6,7 @@
 // ranks of the world (cli/plan_simulation.h).
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "cli/format.h"
 #include "cli/plan_simulation.h"
 #include "core/error.h"
+#include "io/hub_cache.h"
 #include "io/run_dtype.h"
 #include "placement/calibration.h"
 #include "placement/mesh.h"
@@ -32,7 +34,8 @@ struct PlanOptions {
   placement::PlanRequest request;
   std::string max_memory;
   std::string components;
-  std::string dtype = "bf16";
+  std::string device = "cuda";  // plan places GPUs, usually from a machine without one: cuda unless told
+  std::string dtype;            // empty: as generate picks it, bf16 on cuda and fp32 on cpu
   std::string block_times;
   std::string block_times_at = "1024x1024";
   std::string gpu_memory = "141GB";
@@ -53,6 +56,7 @@ struct PlanOptions {
   std::string calibration;
   std::string calibration_device;
   bool no_calibration = false;
+  std::string revision;  // of a --model given as a Hugging Face id
 };
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -146,16 +150,28 @@ void print_ranks(const nlohmann::ordered_json& ranks, const nlohmann::ordered_js
   std::cout << " rank 0; rank 0 is shard 0 of group 0; rank (g, k) sends its token shard to rank (g + 1, k)\n";
 }
 
+// Milliseconds with two decimals, or as many as show three significant digits of a small figure: a tiny model's
+// 0.0412 ms is not "0.00".
+std::string ms_text(double ms) {
+  int decimals = 2;
+  if (ms > 0 && ms < 1) decimals = std::min(6, 2 - static_cast<int>(std::floor(std::log10(ms))));
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.*f", decimals, ms);
+  return text;
+}
+
 // `ranks`: what map_ranks says of the same map.
 void print_timing_row(const nlohmann::ordered_json& t, const nlohmann::ordered_json& ranks) {
   char line[256];
-  std::snprintf(line, sizeof(line), "  %-16s %9.2f %9.2f %11.3f %11.1f%% %6d%s ", t["strategy"].get<std::string>().c_str(),
-                t["max_stage_ms"].get<double>(), t["mean_stage_ms"].get<double>(), t["imbalance"].get<double>(),
-                100.0 * t["pipeline_efficiency"].get<double>(), ranks["ranks"].get<int>(),
+  std::snprintf(line, sizeof(line), "  %-16s %9s %9s %11.3f %11.1f%% %6d%s ", t["strategy"].get<std::string>().c_str(),
+                ms_text(t["max_stage_ms"].get<double>()).c_str(), ms_text(t["mean_stage_ms"].get<double>()).c_str(),
+                t["imbalance"].get<double>(), 100.0 * t["pipeline_efficiency"].get<double>(), ranks["ranks"].get<int>(),
                 ranks.contains("unsupported") ? "*" : " ");
   std::cout << line;
   for (const auto& s : t["stages"]) {
-    std::snprintf(line, sizeof(line), " %s:%.1f", device_text(s["device"]).c_str(), s["ms"].get<double>());
+    const double ms = s["ms"].get<double>();
+    std::snprintf(line, sizeof(line), " %s:%s", device_text(s["device"]).c_str(),
+                  ms >= 1 ? str(std::fixed, std::setprecision(1), ms).c_str() : ms_text(ms).c_str());
     std::cout << line;
   }
   std::cout << "\n";
@@ -163,6 +179,7 @@ void print_timing_row(const nlohmann::ordered_json& t, const nlohmann::ordered_j
 
 void print_plan(const nlohmann::ordered_json& plan) {
   std::cout << "model: " << plan["model"].get<std::string>() << "  (dtype " << plan["dtype"].get<std::string>()
+            << (plan.contains("dtype_from") ? ", " + plan["dtype_from"].get<std::string>() : std::string())
             << ", world of " << plan["world_size"].get<int>() << " GPU(s))\n";
   if (plan.contains("mesh")) {
     const auto& mesh = plan["mesh"];
@@ -198,11 +215,15 @@ void print_plan(const nlohmann::ordered_json& plan) {
             << cmp["timing_source"].get<std::string>() << "):\n"
             << "  strategy           max ms   mean ms   imbalance  efficiency  ranks   per GPU (ms)\n";
   print_timing_row(plan["stage_times"], plan["ranks"]);
-  print_timing_row(cmp["balanced"], cmp["balanced"]["ranks"]);
-  if (cmp["pipeline"].contains("infeasible"))
+  // The comparison rows, but not again the strategy asked for (its row is the first).
+  const std::string asked = plan["stage_times"]["strategy"].get<std::string>();
+  if (asked != "balanced") print_timing_row(cmp["balanced"], cmp["balanced"]["ranks"]);
+  if (asked == "pipeline") {
+  } else if (cmp["pipeline"].contains("infeasible")) {
     std::cout << "  pipeline         infeasible: " << cmp["pipeline"]["infeasible"].get<std::string>() << "\n";
-  else
+  } else {
     print_timing_row(cmp["pipeline"], cmp["pipeline"]["ranks"]);
+  }
   if (plan.contains("mesh"))
     std::cout << "  (ranks: the stage groups the map needs, of " << plan["mesh"]["sequence_parallel"].get<int>()
               << " ranks each; ms: one rank's; * the multi-rank runtime cannot run it)\n";
@@ -316,8 +337,12 @@ nlohmann::ordered_json choose_plan_microbatch(const PlanOptions& o) {
 
 void run_plan(PlanOptions& o) {
   auto& r = o.request;
+  r.model_dir = io::resolve_model_argument(r.model_dir, o.revision);
   if (o.sequence_parallel_given) apply_sequence_parallel(o);
-  r.dtype = io::parse_run_dtype(o.dtype);
+  DP_CHECK(o.device == "cuda" || o.device == "cpu", "--device: expected cuda or cpu, got '", o.device, "'");
+  // generate's rule (cli/torch_boundary.h): bf16 on cuda, fp32 on cpu, unless --dtype is given.
+  const std::string dtype = o.dtype.empty() ? (o.device == "cuda" ? "bf16" : "fp32") : o.dtype;
+  r.dtype = io::parse_run_dtype(dtype);
   if (!o.max_memory.empty()) r.max_memory = placement::read_max_memory_argument(o.max_memory);
   r.pipeline_components = split_commas(o.components);
   r.gpu_memory_bytes = placement::parse_memory_size(o.gpu_memory, "--gpu-memory");
@@ -374,6 +399,7 @@ void run_plan(PlanOptions& o) {
   auto plan = placement::make_plan(r);
   plan["calibration"] = calibration;
   if (!microbatch_choice.is_null()) plan["microbatch_choice"] = microbatch_choice;
+  if (o.dtype.empty()) plan["dtype_from"] = str("the default for --device ", o.device);
   const int world = plan["world_size"].get<int>() * sim.sequence_parallel;
   if (sim.sequence_parallel > 1)
     plan["mesh"] = {{"world_size", world}, {"stages", plan["world_size"]}, {"sequence_parallel", sim.sequence_parallel},
@@ -413,11 +439,15 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
       "bytes and ranks, and predicted stage times next to \"balanced\" and the time-balanced \"pipeline\".\n"
       "Reads config.json files and safetensors headers only: no GPU, no weights.");
   auto o = std::make_shared<PlanOptions>();
-  cmd->add_option("--model", o->request.model_dir, "diffusers model folder (or the transformer folder)")->required();
+  o->request.device_map = "pipeline";  // generate's default: plan shows what a plain generate would run
+  cmd->add_option("--model", o->request.model_dir,
+                  "diffusers model folder (or the transformer folder), or a Hugging Face model id in the local cache")
+      ->required();
+  cmd->add_option("--revision", o->revision, "with a model id: branch, tag or commit of the cached snapshot (main)");
   cmd->add_option("--device-map", o->request.device_map,
                   "transformer placement: auto, balanced, balanced_low_0, sequential (accelerate's), pipeline\n"
-                  "(diffpipe's contiguous stages balanced by time), or FILE.json with a custom map such as\n"
-                  "{\"transformer_blocks\": 0, \"single_transformer_blocks\": 1}")
+                  "(diffpipe's contiguous stages balanced by time; generate's default too), or FILE.json with a\n"
+                  "custom map such as {\"transformer_blocks\": 0, \"single_transformer_blocks\": 1}")
       ->capture_default_str();
   cmd->add_option("--pipeline-device-map", o->request.pipeline_device_map,
                   "place whole components too; only \"balanced\" (as diffusers' pipeline-level device_map)");
@@ -436,7 +466,12 @@ CommandRegistrar registrar("plan", 40, [](CLI::App& root) {
   cmd->add_option("--height", o->request.timing.height, "image height for activation and time estimates")->capture_default_str();
   cmd->add_option("--width", o->request.timing.width, "image width")->capture_default_str();
   auto* batch = cmd->add_option("--batch", o->request.timing.batch, "images per micro-batch")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "run dtype: bf16, fp16 or fp32")->capture_default_str();
+  cmd->add_option("--dtype,--torch-dtype", o->dtype,
+                  "run dtype: bf16, fp16 or fp32 (default as generate picks it: bf16 on cuda, fp32 on cpu)");
+  cmd->add_option("--device", o->device,
+                  "the device generate will run on, for the default --dtype: cuda (default: plan places GPUs, often\n"
+                  "from a machine without one) or cpu")
+      ->capture_default_str();
   cmd->add_option("--block-times", o->block_times,
                   "measured ms per double,single block (H200 bf16 at 1024x1024: 3.07,2.85); default: FLOPs only");
   cmd->add_option("--block-times-at", o->block_times_at, "resolution the block times were measured at")->capture_default_str();

@@ -31,6 +31,15 @@ std::string one_line(const std::string& text) {
 
 }  // namespace
 
+std::string resolve_device_name(const std::string& name) {
+  DP_CHECK(name == "auto" || name == "cpu" || name == "cuda", "--device: expected auto, cpu or cuda, got '", name, "'");
+  if (name != "auto") return name;
+  // Counting devices does not initialise CUDA; a GPU that is visible but unusable is refused by usable_device.
+  CollectedWarnings quiet;
+  const c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  return at::hasCUDA() ? "cuda" : "cpu";
+}
+
 at::Device usable_device(const std::string& name) {
   DP_CHECK(name == "cpu" || name == "cuda", "--device: expected cpu or cuda, got '", name, "'");
   if (name == "cpu") return at::Device(at::kCPU);

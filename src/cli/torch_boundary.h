@@ -9,6 +9,9 @@
 
 namespace dp::cli {
 
+// --device auto (the default): "cuda" when LibTorch sees a CUDA device, else "cpu"; "cpu" and "cuda" as given.
+std::string resolve_device_name(const std::string& name);
+
 // "cpu" or "cuda" as a device. "cuda" where no CUDA device can be used (a CPU-only LibTorch, no driver, no
 // GPU) is refused with one line saying why, instead of failing deep inside the first stage.
 at::Device usable_device(const std::string& name);

@@ -166,10 +166,25 @@ Level parse_level(const std::string& name) {
   DP_FAIL("unknown log level '", name, "' (expected trace, debug, info, warn, error or off)");
 }
 
-void set_rank(int rank) {
-  logger().set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%^%l%$] %v");
+// "rank N: " as messages written before the prefix existed start; dropped from them once the prefix says it.
+std::string& own_rank_words() {
+  static std::string words;
+  return words;
 }
 
-void write(Level level, const std::string& message) { logger().log(to_spdlog(level), message); }
+void set_rank(int rank) {
+  logger().set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%^%l%$] %v");
+  own_rank_words() = "rank " + std::to_string(rank) + ": ";
+}
+
+void write(Level level, const std::string& message) {
+  // The line's prefix names the rank: "[rank 1] [info] rank 1: loaded ..." says it once.
+  const std::string& own = own_rank_words();
+  if (!own.empty() && message.compare(0, own.size(), own) == 0) {
+    logger().log(to_spdlog(level), message.substr(own.size()));
+    return;
+  }
+  logger().log(to_spdlog(level), message);
+}
 
 }  // namespace dp::log

@@ -4,11 +4,14 @@
 
 namespace dp::io {
 
-DType parse_run_dtype(const std::string& name, const std::string& what) {
+DType parse_run_dtype(const std::string& given, const std::string& what) {
+  // diffusers' scripts spell it torch_dtype=torch.bfloat16: "torch.bfloat16" is accepted as it is written there.
+  const std::string name = given.rfind("torch.", 0) == 0 ? given.substr(6) : given;
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
-  if (name == "fp16" || name == "float16") return DType::F16;
-  if (name == "fp32" || name == "float32") return DType::F32;
-  DP_FAIL(what, " '", name, "' is not a run dtype (expected bf16, fp16 or fp32; bfloat16, float16, float32 also work)");
+  if (name == "fp16" || name == "float16" || name == "half") return DType::F16;
+  if (name == "fp32" || name == "float32" || name == "float") return DType::F32;
+  DP_FAIL(what, " '", given, "' is not a run dtype (expected bf16, fp16 or fp32; bfloat16, float16, float32 and "
+          "torch.bfloat16, torch.float16, torch.float32 also work)");
 }
 
 std::string run_dtype_name(DType dtype) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/human_units.h"
 #include "core/memory_stats.h"
 #include "core/trace.h"
 #include "pipeline/device_stats.h"
@@ -59,7 +60,7 @@ class StageTimer {
     synchronize(device_);
     const double seconds = seconds_since(started);
     if (booked != nullptr) *booked += seconds;
-    DP_INFO("stage ", report_.name, ": ", what, " ", std::fixed, std::setprecision(3), seconds, " s");
+    DP_INFO("stage ", report_.name, ": ", what, " ", human_seconds(seconds));
     return result;
   }
 
@@ -74,23 +75,23 @@ class StageTimer {
   void finish() {
     const double seconds = seconds_since(started_);
     if (std::uncaught_exceptions() > uncaught_at_start_) {
-      DP_WARN("stage ", report_.name, " failed after ", std::fixed, std::setprecision(3), seconds, " s");
+      DP_WARN("stage ", report_.name, " failed after ", human_seconds(seconds));
       return;
     }
     try {
       synchronize(device_);  // queued device work belongs to this stage's time (and may report its error)
     } catch (const std::exception& e) {
       const std::string what = e.what();  // a c10::Error's first line; its backtrace follows
-      DP_ERROR("stage ", report_.name, " failed after ", std::fixed, std::setprecision(3), seconds,
-               " s: waiting for the device failed: ", what.substr(0, what.find('\n')));
+      DP_ERROR("stage ", report_.name, " failed after ", human_seconds(seconds),
+               ": waiting for the device failed: ", what.substr(0, what.find('\n')));
       return;
     }
     report_.seconds = seconds_since(started_);
     report_.peak_resident_bytes = peak_resident_bytes();
     report_.peak_device_bytes = device_.is_cuda() ? peak_memory_bytes(device_) : 0;
-    DP_INFO("stage ", report_.name, ": ", std::fixed, std::setprecision(3), report_.seconds, " s (loading weights ",
-            report_.load_seconds, " s), peak RSS ", std::setprecision(1), report_.peak_resident_bytes / 1e6, " MB",
-            device_.is_cuda() ? str(", peak device ", report_.peak_device_bytes / 1e6, " MB") : std::string());
+    DP_INFO("stage ", report_.name, ": ", human_seconds(report_.seconds), " (loading weights ",
+            human_seconds(report_.load_seconds), "), peak RSS ", human_size(report_.peak_resident_bytes),
+            device_.is_cuda() ? str(", peak device ", human_size(report_.peak_device_bytes)) : std::string());
     reports_->push_back(report_);
   }
 

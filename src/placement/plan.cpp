@@ -5,6 +5,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/human_units.h"
+#include "core/log.h"
 #include "core/json_file.h"
 #include "io/model_folder.h"
 #include "io/run_dtype.h"
@@ -164,6 +166,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   Strategy strategy = Strategy::auto_;
   DeviceMap hf_map;
   std::map<Device, int64_t> weights, reserved;
+  bool custom_map = false;
   MaxMemory caps = max_memory;
   nlohmann::ordered_json transformer = {{"component", t.component.name}, {"total_bytes", t.tree.total_bytes()},
                                         {"device_map", request.device_map}, {"config", t.config.to_json()}};
@@ -203,11 +206,26 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
     const auto placed = resolve_custom_device_map(t.tree, ordered, request.device_map, world);
     hf_map = placed.device_map;
     weights = placed.weights;
+    custom_map = true;
   }
   transformer["hf_device_map"] = map_json(hf_map);
   plan["hf_device_map"] = map_json(hf_map);
   plan["transformer"] = transformer;
   plan["devices"] = devices_json(max_memory, caps, weights, reserved, world);
+  // A custom map is taken as written (as accelerate takes it): said aloud when it puts more on a device than
+  // its budget, the cpu with no budget at all included, instead of planning it silently.
+  nlohmann::ordered_json warnings = nlohmann::ordered_json::array();
+  for (const auto& [device, bytes] : weights) {
+    if (!custom_map || device.kind == Device::Kind::disk || bytes == 0) continue;
+    const int64_t budget = max_memory.has(device) ? max_memory.at(device) : 0;
+    if (bytes <= budget) continue;
+    warnings.push_back(str(request.device_map, " puts ", human_size(static_cast<double>(bytes)), " on ",
+                           to_json_value(device).dump(), ", whose budget is ", human_size(static_cast<double>(budget)),
+                           max_memory.has(device) ? std::string(" (--max-memory)") : std::string(" (not in --max-memory)"),
+                           ": the run may not fit; give the device a budget in --max-memory or move modules off it"));
+    DP_WARN("plan: ", warnings.back().get<std::string>());
+  }
+  if (!warnings.empty()) plan["warnings"] = warnings;
   plan["stage_times"] = timing_json(request.device_map, time_placement(units, t.tree, resolve_tensor_devices(t.tree, hf_map, "hf_device_map"),
                                                                          world_gpus, request.timing));
 

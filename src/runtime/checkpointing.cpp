@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/trace.h"
+#include "core/human_units.h"
 #include "io/checkpoint_dir.h"
 #include "io/embeddings_cache_file.h"
 #include "io/torch_tensors.h"
@@ -108,10 +109,11 @@ void Checkpointer::write(const pipeline::LoopState& state) {
       trace::Scope span(trace::Track::checkpoint, str("checkpoint write step ", step));  // its own thread
       io::write_checkpoint(path, *c);
       io::prune_run_checkpoints(dir, c->run_id, keep);  // this run's files only; each removal logged
-      DP_INFO("checkpoint ", path, " written (step ", step, "/", steps, "): ", std::fixed, std::setprecision(1),
-              copy_ms, " ms in the loop (host copy), ",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() * 1000,
-              " ms writing in the background");
+      // Written while later steps run: the line names the step the file holds, not the loop's current one.
+      DP_INFO("checkpoint ", path, " written: every image at least at denoising step ", step, "/", steps, " when it "
+              "was taken; ", human_seconds(copy_ms / 1000), " in the loop (host copy), ",
+              human_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count()),
+              " writing in the background");
     } catch (...) {
       write_failure_ = std::current_exception();
     }

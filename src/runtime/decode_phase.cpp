@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/human_units.h"
 #include "core/memory_stats.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
@@ -71,8 +72,8 @@ void WorkerDecode::finish() {
   }
   decoder_->finish();
   run_.transport->flush();
-  DP_INFO("rank ", run_.world.rank(), ": decoded ", run_.microbatches(), " microbatch(es) in ", std::fixed,
-          std::setprecision(2), decoder_->decode_seconds(), " s (VAE load ", decoder_->load_seconds(), " s)");
+  DP_INFO("rank ", run_.world.rank(), ": decoded ", run_.microbatches(), " microbatch(es) in ",
+          human_seconds(decoder_->decode_seconds()), " (VAE load ", human_seconds(decoder_->load_seconds()), ")");
 }
 
 CoordinatorImages::CoordinatorImages(RunContext& run)
@@ -140,9 +141,9 @@ void CoordinatorImages::finish() {
   report.seconds = local_ ? local_->load_seconds() + local_->decode_seconds() : pipeline::seconds_since(decode_started);
   report.peak_resident_bytes = peak_resident_bytes();
   report.peak_device_bytes = run_.device.is_cuda() ? pipeline::peak_memory_bytes(run_.device) : 0;
-  DP_INFO("stage decode: ", run_.microbatches(), " microbatch(es) decoded on rank ", decoding_rank(), "; ", std::fixed,
-          std::setprecision(3), report.seconds, local_ ? str(" (VAE load ", report.load_seconds, " s)")
-                                                       : std::string(" waiting for the last images"));
+  DP_INFO("stage decode: ", run_.microbatches(), " microbatch(es) decoded on rank ", decoding_rank(), "; ",
+          human_seconds(report.seconds), local_ ? str(" (VAE load ", human_seconds(report.load_seconds), ")")
+                                                : std::string(" waiting for the last images"));
   run_.flux.report_sink()->push_back(report);
 }
 

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/weight_index.h"
+#include "core/human_units.h"
 #include "pipeline/phase_guard.h"
 #include "placement/plan.h"
 #include "runtime/world.h"
@@ -105,9 +106,9 @@ LoadedStage load_phase(const RunContext& run) {
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
   if (run.options.warm_up) warm_up(run, *loaded.stage, "");
-  DP_INFO("rank ", run.world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ", std::fixed,
-          std::setprecision(1), loaded.bytes / 1e6, " MB in ", std::setprecision(2), loaded.seconds, " s (",
-          std::setprecision(3), loaded.seconds > 0 ? loaded.bytes / 1e9 / loaded.seconds : 0.0, " GB/s)");
+  DP_INFO("rank ", run.world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ",
+          human_size(static_cast<double>(loaded.bytes)), " in ", human_seconds(loaded.seconds), " (",
+          human_size(loaded.seconds > 0 ? loaded.bytes / loaded.seconds : 0.0), "/s)");
   return loaded;
 }
 

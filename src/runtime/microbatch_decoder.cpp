@@ -9,6 +9,7 @@
 #include "core/json_file.h"
 #include "core/log.h"
 #include "core/trace.h"
+#include "core/human_units.h"
 #include "models/flux/flux_config.h"
 #include "models/vae/vae_config.h"
 #include "pipeline/device_stats.h"
@@ -73,8 +74,7 @@ void MicrobatchDecoder::load() {
   vae_.emplace(flux_.load_vae(request_, grid_, device_));
   pipeline::synchronize(device_);
   load_seconds_ += seconds_since(started);
-  DP_INFO("rank ", rank_, ": VAE loaded on ", device_.str(), " in ", std::fixed, std::setprecision(2),
-          seconds_since(started), " s");
+  DP_INFO("rank ", rank_, ": VAE loaded on ", device_.str(), " in ", human_seconds(seconds_since(started)));
 }
 
 void MicrobatchDecoder::accept(int64_t microbatch, const at::Tensor& latents) {

@@ -8,11 +8,13 @@
 // the first: batch systems often deliver one signal by two paths (stop_request.cpp says which).
 #include <string>
 
+#include "core/exit_codes.h"
+
 namespace dp::runtime {
 
 // The exit status of a job stopped by SIGUSR1/SIGTERM after writing its checkpoint (sysexits' EX_TEMPFAIL):
 // batch scripts requeue on it.
-inline constexpr int kExitCheckpointedAndStopped = 75;
+inline constexpr int kExitCheckpointedAndStopped = kExitPreempted;
 
 // Installs the SIGUSR1 and SIGTERM handlers that record a stop request in this process.
 void install_stop_signal_handlers();

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/log.h"
 #include "core/trace_clock.h"
 #include "runtime/failure_channel.h"
@@ -270,21 +271,23 @@ void World::run_guarded(const std::function<void()>& work) const {
     work();
   } catch (const RemoteFailure& e) {
     DP_ERROR(e.what(), "; ending the job");
-    abort(1);
+    abort(failure_exit_code());
   } catch (const std::exception& e) {
+    // The job's status says what kind of failure it was (core/exit_codes.h); mpirun passes MPI_Abort's on.
+    const int code = dynamic_cast<const UsageError*>(&e) ? kExitUsageError : failure_exit_code();
     // LibTorch's errors carry a C++ backtrace: one line here, the rest at debug level.
     const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
     const std::string reason = torch_error ? torch_error->what_without_backtrace() : e.what();
     if (torch_error) DP_DEBUG("rank ", rank_, ": ", e.what());
     if (is_coordinator()) {
       DP_ERROR("rank 0 failed: ", reason, "; ending the job");
-      abort(1);
+      abort(code);
     }
     DP_ERROR("rank ", rank_, " failed: ", reason);
     report_failure_to_coordinator(rank_, reason);
     // The coordinator ends the job once it reads the report; if it cannot (stuck or gone), end it from here.
     std::this_thread::sleep_for(std::chrono::seconds(5));
-    abort(1);
+    abort(code);
   }
 }
 

@@ -21,7 +21,7 @@ Cases:
                   uninterrupted run's scale (a mesh splits its GEMMs differently, so not bit for bit).
   refused         corrupt, truncated, newer-format and mismatched (--steps, --height, another model) checkpoints
                   are refused with messages that name the difference; options not given come from the checkpoint.
-  layout          h5py reads a checkpoint without diffpipe and finds the layout README.md documents; h5dump too;
+  layout          h5py reads a checkpoint without diffpipe and finds the layout docs/checkpoints.md documents; h5dump too;
                   `diffpipe inspect --checkpoint` prints it.
   embeddings      --embeddings-cache: a cold run and a warm run give latents bit-identical to a run without it,
                   and the warm run does not run CLIP or T5; a cache written before the format attribute is still

@@ -104,7 +104,7 @@ def case_mpirun_stopped(binary, model, tmp):
     lines = []
     for raw in job.stdout:
         lines.append(raw.decode(errors="replace"))
-        if "step 3/" in lines[-1]:
+        if "progress 3/" in lines[-1]:
             break
     else:
         fail(f"the job ended before step 3 (exit {job.wait()}):\n{''.join(lines)}")

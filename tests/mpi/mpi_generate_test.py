@@ -228,7 +228,7 @@ def case_killed_rank(binary, model, tmp, ranks):
     out = tmp / "killed.h5"
     victim = ranks - 1
     args = generate_args(model, out, ["--steps", "400", "--transport-timeout", "20"])
-    code, text, killed_at = run_and_kill_rank(mpirun(ranks) + [binary] + args, victim, out, "step 1/400",
+    code, text, killed_at = run_and_kill_rank(mpirun(ranks) + [binary] + args, victim, out, "progress 1/400",
                                               "the run neither reached step 1 nor ended")
     if killed_at is None:
         fail(f"the run ended before step 1 (exit {code}):\n{text}")
@@ -238,7 +238,7 @@ def case_killed_rank(binary, model, tmp, ranks):
     if seconds > BOUND_SECONDS:
         fail(f"the job took {seconds:.1f} s to end after rank {victim} was killed (bound {BOUND_SECONDS} s)")
     # Only what was written after the kill counts (the kill follows the trigger line at once).
-    named = failure_lines_naming(text.split("step 1/400", 1)[1], victim)
+    named = failure_lines_naming(text.split("progress 1/400", 1)[1], victim)
     if not named:
         fail(f"no failure line after the kill names rank {victim}:\n{text}")
     if out.exists():
@@ -564,11 +564,11 @@ def case_incremental(binary, model, tmp, ranks):
         order = [l.split(f"{out.stem}-", 1)[1].split(".png")[0] for l in wrote]
         if finished != ["0", "1", "2", "3"] or order != finished:
             fail(f"{world} rank(s): microbatches finished {finished}, images written {order}:\n{output}")
-        last_step = next((i for i, l in enumerate(lines) if "step 6/6:" in l), None)
+        last_step = next((i for i, l in enumerate(lines) if "progress 6/6 " in l), None)
         first_write = next(i for i, l in enumerate(lines) if "] wrote " in l)
         if last_step is None or not first_write < last_step:
             fail(f"{world} rank(s): the first image was not written before the last step:\n{output}")
-        print(f"{world} rank(s): images written in order of completion {order}, the first before step 6/6")
+        print(f"{world} rank(s): images written in order of completion {order}, the first before progress 6/6")
 
     # Rank 0 killed once the first image is on disk, and the decoding worker (the VAE on rank 1): the images
     # already written stay, complete.

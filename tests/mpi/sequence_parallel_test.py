@@ -136,7 +136,7 @@ def case_killed(binary, model, tmp, ranks):
     out = tmp / "killed.h5"
     victim = 1
     args = generate_args(model, out, ["--sequence-parallel", "2", "--steps", "400", "--transport-timeout", "20"])
-    code, text, killed_at = run_and_kill_rank(mpirun(ranks) + [binary] + args, victim, out, "step 1/400",
+    code, text, killed_at = run_and_kill_rank(mpirun(ranks) + [binary] + args, victim, out, "progress 1/400",
                                               "the run neither reached step 1 nor ended")
     if killed_at is None:
         fail(f"the run ended before step 1 (exit {code}):\n{text}")

@@ -45,10 +45,10 @@ std::map<std::string, std::string> snapshot(const std::string& dir) {
   return out;
 }
 
-// One line naming `message`, exit 1, no stage started, nothing in `dir` changed.
+// One line naming `message`, exit 3 (an input error), no stage started, nothing in `dir` changed.
 void expect_refused(const dp::test::CommandResult& r, const std::string& message,
                     const std::map<std::string, std::string>& before, const std::string& dir) {
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("stage "), std::string::npos) << "work started before the error:\n" << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;

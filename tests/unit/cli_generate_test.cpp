@@ -19,10 +19,12 @@
 #include <regex>
 #include <thread>
 
+#include "core/exit_codes.h"
 #include "core/json_file.h"
 #include "io/hdf5_latents.h"
 #include "io/safetensors.h"
 #include "io/torch_tensors.h"
+#include "core/exit_codes.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -72,12 +74,13 @@ Timed generate(const std::string& args, const std::string& prefix = "") {
 
 const std::string kSmall = " --height 32 --width 32 --steps 1 ";
 
-// The failures every bad request must share: an error exit, one line of diagnosis containing `message`, no
-// stage started (nothing was loaded), nothing left in `dir`.
+// The failures every bad request must share: the input error's exit status (3; 2 for a command line that cannot
+// be parsed, core/exit_codes.h), one line of diagnosis containing `message`, no stage started (nothing was
+// loaded), nothing left in `dir`.
 void expect_refused_up_front(const Timed& run, const std::string& message, const std::string& dir,
-                             const std::vector<std::string>& entries_before = {}) {
+                             const std::vector<std::string>& entries_before = {}, int exit_code = dp::kExitInputError) {
   const auto& r = run.result;
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, exit_code) << r.output;
   EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("stage "), std::string::npos) << "work started before the error:\n" << r.output;
   EXPECT_EQ(line_count(r.output), 1u) << r.output;
@@ -257,14 +260,15 @@ TEST(GenerateCommand, NanWeightsFailNamingTheStepAndTheStageFails) {
   // The stage that failed says so, and no success-looking "stage denoise: 0.002 s (loading weights ...)" line
   // is logged while the error unwinds.
   EXPECT_NE(r.output.find("stage denoise failed after"), std::string::npos) << r.output;
-  EXPECT_FALSE(std::regex_search(r.output, std::regex("stage denoise: [0-9.]+ s \\(loading weights"))) << r.output;
+  EXPECT_FALSE(std::regex_search(r.output, std::regex("stage denoise: [0-9.]+ (s|ms|us) \\(loading weights"))) << r.output;
   EXPECT_TRUE(entries_of(out).empty()) << r.output;
 }
 
 TEST(GenerateCommand, UnquotedPromptIsRefusedWithAHint) {
   const auto dir = dp::test::temp_dir("gen-prompt");
   const Timed run = generate("--model " + tiny_pipe() + " --prompt a cat on a mat" + kSmall + "--out " + dir + "/x.png");
-  expect_refused_up_front(run, "must be quoted (--prompt \"a cat on a mat\"); repeat --prompt for several prompts", dir);
+  expect_refused_up_front(run, "must be quoted (--prompt \"a cat on a mat\"); repeat --prompt for several prompts", dir,
+                         {}, dp::kExitUsageError);
   // Quoted, and repeated, prompts are what they look like.
   const Timed two = generate("--model " + tiny_pipe() + " --prompt 'a cat on a mat' --prompt dog" + kSmall + "--out " +
                            dir + "/y.png");

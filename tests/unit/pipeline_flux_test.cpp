@@ -156,7 +156,7 @@ TEST(GenerateCommand, WritesPngsInDiffusersOrderAndLatentsToHdf5) {
   ASSERT_EQ(png.exit_code, 0) << png.output;
   EXPECT_NE(png.output.find("timing summary"), std::string::npos) << png.output;
   EXPECT_EQ(png.output.find("rounded down"), std::string::npos) << "64x96 needs no rounding\n" << png.output;
-  EXPECT_NE(png.output.find("step 4/4"), std::string::npos) << png.output;
+  EXPECT_NE(png.output.find("progress 4/4"), std::string::npos) << png.output;
   for (int64_t i = 0; i < c.images.size(0); ++i) {
     int w = 0, h = 0;
     const auto pixels = io::read_png_rgb(out + "/img-" + std::to_string(i) + ".png", &w, &h);

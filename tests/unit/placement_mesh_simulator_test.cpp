@@ -292,18 +292,18 @@ dp::test::CommandResult plan(const std::string& arguments) {
 TEST(PlanMesh, AnInvalidSequenceParallelIsTheOneErrorNamingValidValues) {
   // Refused before anything else: the bad --dtype and --link after it are never reached.
   auto result = plan("--world-size 4 --sequence-parallel 3 --dtype bogus --simulate --link nowhere");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("--sequence-parallel 3 does not divide the world of 4"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("valid values: 1, 2, 4"), std::string::npos) << result.output;
   result = plan("--world-size 10 --sequence-parallel 5 --dtype bogus");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("24 attention heads"), std::string::npos) << result.output;
   // 3, 4, 6 and 8 would split the heads but not the world of 10: only the values that divide both are offered.
   EXPECT_NE(result.output.find("world of 10 rank(s): 1, 2 ["), std::string::npos) << result.output;
   result = plan("--world-size 8 --sequence-parallel 8 --height 32 --width 32");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("leaves a rank without tokens"), std::string::npos) << result.output;
-  EXPECT_EQ(plan("--world-size 4 --sequence-parallel 0").exit_code, 1);
+  EXPECT_EQ(plan("--world-size 4 --sequence-parallel 0").exit_code, 3);
 }
 
 TEST(PlanMesh, KOneIsTodaysOutput) {

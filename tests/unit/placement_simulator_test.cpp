@@ -361,7 +361,7 @@ TEST(PlanSimulate, AMapTheRuntimeCannotRunIsNamedNotSimulated) {
   EXPECT_NE(result.output.find("twice.json       not simulated"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("the multi-rank runtime cannot run this map"), std::string::npos) << result.output;
   result = plan("--world-size 2 --device-map " + map + " --simulate --stage-ms 1,2");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("cannot run as a ring"), std::string::npos) << result.output;
 }
 
@@ -451,25 +451,25 @@ TEST(PlanSimulate, StageTimesCanBeReplacedAndBadInputsFailClearly) {
   EXPECT_NEAR(map["runs"][0]["stages"][0]["busy_fraction"].get<double>(), 1.0, 0.05) << "the slow stage is the pace";
 
   result = plan("--world-size 2 --device-map pipeline --simulate --stage-ms 1,2,3");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("--stage-ms gives 3 stage time(s) but the map 'pipeline' has 2"), std::string::npos)
       << result.output;
   result = plan("--world-size 2 --simulate --stage-ms 1,fast");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("'fast' is not a non-negative number"), std::string::npos) << result.output;
   result = plan("--world-size 2 --simulate --link infiniband");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("not a link preset (nvlink, pcie, ib)"), std::string::npos) << result.output;
   result = plan("--world-size 2 --simulate-sweep --stage-ms 1,2");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("do not go together"), std::string::npos) << result.output;
   for (const char* bad : {"--prompts 0", "--microbatch-size 0", "--images-per-prompt 0", "--steps 0"}) {
     result = plan(std::string("--world-size 2 --simulate ") + bad);
-    EXPECT_EQ(result.exit_code, 1) << bad << "\n" << result.output;
+    EXPECT_EQ(result.exit_code, 3) << bad << "\n" << result.output;
     EXPECT_NE(result.output.find("must be at least 1, got 0"), std::string::npos) << bad << "\n" << result.output;
   }
   result = plan("--world-size 2 --simulate --link-gbps 0");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("link bandwidth must be positive"), std::string::npos) << result.output;
 }
 

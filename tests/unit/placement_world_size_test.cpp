@@ -30,7 +30,7 @@ dp::test::CommandResult plan(const std::string& args) {
 TEST(PlanWorldSize, ZeroAndNegativesAreErrorsAndAbsentInfers) {
   for (const char* value : {"0", "-3", "100000"}) {
     const auto r = plan(std::string("--world-size ") + value);
-    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.exit_code, 3) << r.output;
     EXPECT_NE(r.output.find(std::string("--world-size must be positive and at most 4096, got ") + value), std::string::npos)
         << r.output;
   }
@@ -41,7 +41,7 @@ TEST(PlanWorldSize, ZeroAndNegativesAreErrorsAndAbsentInfers) {
   ASSERT_EQ(alone.exit_code, 0) << alone.output;
   EXPECT_EQ(nlohmann::json::parse(alone.output)["world_size"], 1);
   const auto too_far = plan("--max-memory 5000=30GB");
-  EXPECT_EQ(too_far.exit_code, 1) << too_far.output;
+  EXPECT_EQ(too_far.exit_code, 3) << too_far.output;
   EXPECT_NE(too_far.output.find("makes a world of 5001 GPUs; at most 4096"), std::string::npos) << too_far.output;
   const auto help = dp::test::run_command(dp::test::diffpipe_binary() + " plan --help");
   EXPECT_NE(help.output.find("1 to 4096; left out, one past the highest GPU --max-memory names"), std::string::npos)
