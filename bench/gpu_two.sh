@@ -296,7 +296,7 @@ part_kill() {
     --prompt "$prompt" --num-images-per-prompt 4 --output-type latent --transport nccl --transport-timeout $timeout \
     --out "$work/killed.h5" > "$log" 2>&1 &
   local job=$! waited=0
-  until grep -q "step 1/200" "$log" 2>/dev/null; do
+  until grep -Eq "(step|progress) 1/200" "$log" 2>/dev/null; do
     sleep 0.5; waited=$((waited + 1))
     if ! kill -0 $job 2>/dev/null || [ $waited -gt 300 ]; then
       failed "killed rank: the run never reached step 1"; tail -5 "$log"; kill $job 2>/dev/null; return
