@@ -186,8 +186,8 @@ TEST(RandomPipeline, CliWritesASparseFullSizePipelineThatInspectsAndPlans) {
   // plan: the transformer "auto" over two H200s (REFERENCE.md's split), the other components "balanced"
   // (placement_test covers the default, which places the transformer too).
   result = dp::test::run_command(bin + " plan --json --model " + dir +
-                                 " --pipeline-device-map balanced --components text_encoder,text_encoder_2,vae"
-                                 " --max-memory 0=141GB,1=141GB 2>/dev/null");
+                                 " --device-map auto --pipeline-device-map balanced"
+                                 " --components text_encoder,text_encoder_2,vae --max-memory 0=141GB,1=141GB 2>/dev/null");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto plan = nlohmann::json::parse(result.output);
   ASSERT_TRUE(plan.contains("pipeline_hf_device_map")) << plan.dump(2);
