@@ -348,8 +348,8 @@ PY
 import json, re, sys
 text = open(sys.argv[1]).read()
 expected = json.load(open(sys.argv[2]))
-streamed = {m.group(1): int(m.group(2)) for m in
-            re.finditer(r"rank (\d+): (\d+) offloaded block\(s\) streamed in \d+ copies", text)}
+streamed = {(m.group(1) or m.group(2)): int(m.group(3)) for m in re.finditer(
+    r"(?:\[rank (\d+)\] \[\w+\] (?:rank \d+: )?|rank (\d+): )(\d+) offloaded block\(s\) streamed in \d+ copies", text)}
 for rank, blocks in expected.items():
     if streamed.get(rank) != len(blocks):
         print(f"FAIL: rank {rank} should stream {len(blocks)} offloaded block(s), logged {streamed.get(rank)}")

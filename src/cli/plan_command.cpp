@@ -362,6 +362,11 @@ void run_plan(PlanOptions& o) {
     DP_CHECK(o.microbatch_size >= 1, "--microbatch-size must be at least 1, got ", o.microbatch_size);
     r.timing.batch = o.microbatch_size;  // generate plans at its microbatch size too
   }
+  if (o.simulate || o.sweep) {  // before the microbatch choice below, which simulates them
+    DP_CHECK(!o.prompts_given || o.simulation.prompts >= 1, "--prompts must be at least 1, got ", o.simulation.prompts);
+    DP_CHECK(o.simulation.images_per_prompt >= 1, "--images-per-prompt must be at least 1, got ",
+             o.simulation.images_per_prompt);
+  }
   // --simulate --prompts P without a microbatch size: the size that maximises simulated images/s is chosen and
   // the plan made at it (placement/microbatch_choice.h).
   nlohmann::ordered_json microbatch_choice;

@@ -80,7 +80,8 @@ expect config-array 2 "array.json: a run config is a JSON object .* got an array
 echo '{"ranks": 2, "steps": 4, "ranks": 3}' > "$tmp/twice.json"
 expect config-key-twice 2 "twice.json: key \"ranks\" appears twice" \
   "$mpirun_sh" --dry-run --config "$tmp/twice.json" --model "$tmp/tiny"
-expect generate-config-key-twice 1 "twice.json: key 'ranks' appears twice in the top-level object" \
+# generate refuses a bad config before any work: exit 3, "input" in core/exit_codes.h.
+expect generate-config-key-twice 3 "twice.json: key 'ranks' appears twice in the top-level object" \
   "$bin" generate --config "$tmp/twice.json" --model "$tmp/tiny"
 # The SLURM job body reads configs the same way (run here without SLURM: it fails before any launch).
 expect job-config-array 2 "CONFIG=.*array.json: a run config is a JSON object" \
@@ -121,10 +122,10 @@ expect generate-alone nonzero "needs 3 rank\(s\), but this process runs alone" \
 
 # Config errors through the real command: the key and the file are named.
 echo '{"steps": 4, "device_map": "auto"}' > "$tmp/typo.json"
-expect config-unknown-key 1 "typo.json: unknown key 'device_map' \(did you mean 'device-map'" \
+expect config-unknown-key 3 "typo.json: unknown key 'device_map' \(did you mean 'device-map'" \
   "$bin" generate --config "$tmp/typo.json" --model "$tmp/tiny"
 echo '{"steps": "4"}' > "$tmp/type.json"
-expect config-wrong-type 1 "type.json: key 'steps': expected an integer, got a string" \
+expect config-wrong-type 3 "type.json: key 'steps': expected an integer, got a string" \
   "$bin" generate --config "$tmp/type.json" --model "$tmp/tiny"
 
 # Every shipped config is a valid one for this build: with the world-size check lifted (--ranks 0), generate

@@ -185,8 +185,9 @@ def case_defaults(tmp):
     demo = (pathlib.Path(__file__).resolve().parents[2] / "launch" / "demo.sh").read_text()
     plan_line = next(line for line in demo.splitlines() if line.startswith('"$bin" plan '))
     args = plan_line.replace('"$bin" plan ', "").replace('"$model"', model).split()
-    shown = run(["plan"] + args)[1].splitlines()[0]
-    if "dtype fp32" not in shown or demo.count("--dtype fp32") < 3:
+    shown = run(["plan"] + args)[1]
+    dtype_lines = [line for line in shown.splitlines() if "dtype " in line]
+    if not dtype_lines or "dtype fp32" not in dtype_lines[0] or demo.count("--dtype fp32") < 3:
         fail(f"the demo plans another dtype than it runs (fp32): {shown}")
     print("ok: generate and plan share their defaults and say them")
 

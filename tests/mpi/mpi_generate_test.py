@@ -424,9 +424,10 @@ def case_offload(binary, model, tmp, ranks):
         if not ring or "offloaded (" not in ring[0]:
             fail(f"{ranks} rank(s), {name}: no ring with offloaded blocks was logged:\n{output}")
         # Each rank that runs offloaded blocks streams them (models/flux/flux_offload.h, on the CPU too) and
-        # says so: "rank R: K offloaded block(s) streamed in N copies".
-        streamed = {int(m.group(1)): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
-            r"rank (\d+): (\d+) offloaded block\(s\) streamed in (\d+) copies", output)}
+        # says so: "[rank R] [info] K offloaded block(s) streamed in N copies" (one process: "rank R: K ...").
+        streamed = {int(m.group(1) or m.group(2)): (int(m.group(3)), int(m.group(4))) for m in re.finditer(
+            r"(?:\[rank (\d+)\] \[\w+\] (?:rank \d+: )?|rank (\d+): )(\d+) offloaded block\(s\) streamed in (\d+) copies",
+            output)}
         if not streamed:
             fail(f"{ranks} rank(s), {name}: no rank logged streaming its offloaded blocks:\n{output}")
         if name == "custom map":

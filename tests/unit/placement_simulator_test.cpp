@@ -285,8 +285,9 @@ TEST(PlanSimulate, PrintsTheRingOfEveryMap) {
 }
 
 TEST(PlanSimulate, JsonParsesAndAgreesWithTheLibrary) {
+  // --microbatch-size 1: the library's ring below runs one image per microbatch (without it plan chooses one).
   const auto result = plan("--world-size 2 --device-map pipeline --block-times 3.07,2.85 --simulate --prompts 4 "
-                           "--steps 10 --link-gbps 50 --link-latency-us 1 --json 2>/dev/null");
+                           "--microbatch-size 1 --steps 10 --link-gbps 50 --link-latency-us 1 --json 2>/dev/null");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto json = nlohmann::json::parse(result.output);
   EXPECT_EQ(json["ranks"]["ranks"], 2);
