@@ -1,5 +1,6 @@
 #include "pipeline/flux_pipeline.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
@@ -11,6 +12,7 @@
 #include <future>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
@@ -373,13 +375,40 @@ models::AutoencoderKL FluxPipeline::load_vae(const GenerateRequest& request, con
   return vae;
 }
 
+namespace {
+
+// Sets this thread's intra-op thread count for its lifetime and puts the previous one back.
+class IntraOpThreads {
+ public:
+  explicit IntraOpThreads(int threads) : previous_(at::get_num_threads()) {
+    if (threads != previous_) at::set_num_threads(threads);
+  }
+  ~IntraOpThreads() {
+    if (at::get_num_threads() != previous_) at::set_num_threads(previous_);
+  }
+  IntraOpThreads(const IntraOpThreads&) = delete;
+  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace
+
 at::Tensor FluxPipeline::decode_with(const models::AutoencoderKL& vae, const LatentGrid& grid, const at::Tensor& latents) {
   c10::InferenceMode guard;
-  const at::Tensor z = vae.unscale_latents(unpack_latents(latents.to(vae.device()), grid));
-  const at::Tensor image = vae.decode(z);
-  // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.
-  const at::Tensor unit = (image / 2 + 0.5).clamp(0, 1);
-  return (unit.permute({0, 2, 3, 1}).to(at::kCPU, at::kFloat) * 255).round().to(at::kByte).contiguous();
+  std::optional<IntraOpThreads> threads;
+  if (vae.device().is_cpu()) threads.emplace(kCpuDecodeThreads);
+  std::vector<at::Tensor> images;
+  images.reserve(static_cast<size_t>(latents.size(0)));
+  for (int64_t i = 0; i < latents.size(0); ++i) {
+    const at::Tensor z = vae.unscale_latents(unpack_latents(latents.narrow(0, i, 1).to(vae.device()), grid));
+    const at::Tensor image = vae.decode(z);
+    // diffusers' postprocess: denormalise and clamp in the run dtype, then float, *255, round, uint8.
+    const at::Tensor unit = (image / 2 + 0.5).clamp(0, 1);
+    images.push_back((unit.permute({0, 2, 3, 1}).to(at::kCPU, at::kFloat) * 255).round().to(at::kByte));
+  }
+  return at::cat(images).contiguous();
 }
 
 }  // namespace dp::pipeline

@@ -147,6 +147,14 @@ class FluxPipeline {
   // sigmas, or the request's custom ones, shifted as the scheduler config says.
   DenoiseSchedule schedule(const GenerateRequest& request, int64_t image_tokens) const;
   // Packed latents to 8-bit RGB images (B, H, W, 3), exactly as the PIL output of diffusers.
+  //
+  // Each image is decoded on its own, and on the CPU with kCpuDecodeThreads intra-op threads whatever
+  // OMP_NUM_THREADS says, so that a PNG's bytes do not depend on how images were grouped into microbatches, on
+  // the thread count, or on the world size (launch/mpirun.sh gives each rank cores / ranks-per-node threads):
+  // oneDNN picks its convolution kernels, and with them the order of its sums, by batch size and thread count,
+  // and a 1e-5 difference turns into pixels off by one. A resumed run therefore writes the same PNGs as an
+  // uninterrupted one. Another CPU model (instruction set, cache sizes) may still choose other kernels.
+  static constexpr int kCpuDecodeThreads = 8;
   at::Tensor decode(const GenerateRequest& request, const LatentGrid& grid, const at::Tensor& latents);
   // decode() in two parts, for a VAE that stays loaded while microbatches finish one by one.
   models::AutoencoderKL load_vae(const GenerateRequest& request, const LatentGrid& grid, const at::Device& device) const;

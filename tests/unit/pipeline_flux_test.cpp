@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+
+#include <ATen/Parallel.h>
 #include <iostream>
 
 #include "core/error.h"
@@ -14,6 +16,8 @@
 #include "io/hdf5_latents.h"
 #include "io/png_image.h"
 #include "io/torch_tensors.h"
+#include "fixtures/random_model.h"
+#include "fixtures/tiny_components.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/latent_layout.h"
 #include "test_support.h"
@@ -337,6 +341,48 @@ TEST(LatentLayout, VaeScaleFactorComesFromTheFolder) {
   EXPECT_EQ(sized.width, 100);
   EXPECT_EQ(grid.height, 128);
   EXPECT_EQ(grid.width, 24);
+}
+
+// A PNG's bytes must not depend on the thread count, the world size or how images were grouped into
+// microbatches (a resumed run regroups them): decode_with decodes image by image with a fixed CPU thread
+// count. The VAE is wide enough (64-128 channels, 16 latent channels through post_quant_conv) for oneDNN to
+// choose kernels by thread count and batch size; with a plain batched decode at the caller's threads, 1 and 3
+// threads differ by ~1.5e-5 before rounding and hundreds of pixels come out one apart.
+TEST(Decode, PixelsDoNotDependOnThreadsOrGrouping) {
+  models::VaeConfig config;
+  config.block_out_channels = {64, 128, 128};
+  config.down_block_types.assign(3, "DownEncoderBlock2D");
+  config.up_block_types.assign(3, "UpDecoderBlock2D");
+  config.layers_per_block = 2;
+  config.latent_channels = 16;
+  config.scaling_factor = 0.41;
+  config.shift_factor = 0.07;
+  const std::string root = dp::test::temp_dir("decode_threads");
+  fixtures::RandomComponent vae_component{"vae", "config.json", fixtures::vae_config_json(config),
+                                          models::vae_parameter_shapes(config, models::VaeParts::decoder),
+                                          "diffusion_pytorch_model"};
+  fixtures::RandomWriteOptions write;
+  write.seed = 7;
+  fixtures::write_random_component(root, vae_component, write);
+  const auto vae = models::AutoencoderKL::load(root + "/vae", at::kFloat, at::kCPU);
+  const LatentGrid grid = latent_grid(160, 128, config.spatial_scale());
+  const at::Tensor latents =
+      at::randn({3, grid.tokens(), 4 * config.latent_channels}, at::TensorOptions().dtype(at::kFloat));
+
+  const int callers_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor one_thread = FluxPipeline::decode_with(vae, grid, latents);
+  EXPECT_EQ(at::get_num_threads(), 1) << "decode_with puts the caller's thread count back";
+  at::set_num_threads(3);
+  const at::Tensor three_threads = FluxPipeline::decode_with(vae, grid, latents);
+  const at::Tensor first_alone = FluxPipeline::decode_with(vae, grid, latents.narrow(0, 0, 1));
+  const at::Tensor last_two = FluxPipeline::decode_with(vae, grid, latents.narrow(0, 1, 2));
+  at::set_num_threads(callers_threads);
+
+  ASSERT_EQ(one_thread.sizes(), (at::IntArrayRef{3, 160, 128, 3}));
+  EXPECT_EQ(one_thread.ne(three_threads).sum().item<int64_t>(), 0) << "pixels differ between 1 and 3 threads";
+  EXPECT_EQ(at::cat({first_alone, last_two}).ne(three_threads).sum().item<int64_t>(), 0)
+      << "pixels differ between one batch of 3 and batches of 1 and 2";
 }
 
 }  // namespace
