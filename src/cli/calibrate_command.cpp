@@ -31,7 +31,7 @@ namespace dp::cli {
 namespace {
 
 struct CalibrateOptions {
-  std::string model, device = "cpu", dtype, microbatches = "1", calibration;
+  std::string model, device = "auto", dtype, microbatches = "1", calibration;
   int64_t height = 1024, width = 1024, text_tokens = 512;
   int warmup = 2, repeat = 5, threads = 0;
 };
@@ -60,8 +60,9 @@ std::string transformer_dir(const std::string& model) {
   return std::filesystem::is_directory(sub) ? sub.string() : model;
 }
 
-void run_calibrate(const CalibrateOptions& o) {
+void run_calibrate(CalibrateOptions o) {
   c10::InferenceMode guard;
+  o.device = resolve_device_name(o.device);  // generate's rule: a visible GPU by default
   if (o.threads > 0) at::set_num_threads(o.threads);
   DP_CHECK(o.warmup >= 0 && o.repeat >= 1 && o.repeat <= 1000, "--repeat must be 1 to 1000 and --warmup non-negative");
   DP_CHECK(o.text_tokens >= 1, "--text-tokens must be at least 1, got ", o.text_tokens);
@@ -116,7 +117,7 @@ CommandRegistrar registrar("calibrate", 45, [](CLI::App& root) {
   auto o = std::make_shared<CalibrateOptions>();
   auto* cmd = root.add_subcommand("calibrate", kCalibrateSummary);
   cmd->add_option("--model", o->model, "model folder (or its transformer/ folder)")->required();
-  cmd->add_option("--device", o->device, "cpu or cuda (cuda:N)")->capture_default_str();
+  cmd->add_option("--device", o->device, "auto (cuda when a GPU is visible, else cpu), cpu or cuda")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU, as generate)");
   cmd->add_option("--height", o->height, "image height in pixels, as generate's")->capture_default_str();
   cmd->add_option("--width", o->width, "image width in pixels, as generate's")->capture_default_str();

@@ -36,7 +36,7 @@ namespace {
 struct ForwardOptions {
   std::string model;
   int64_t height = 256, width = 256, text_len = 32, batch = 1;
-  std::string dtype = "fp32", device = "cpu", stages, inputs, save;
+  std::string dtype, device = "auto", stages, inputs, save;
   int repeat = 3, warmup = 1, threads = 0;
   bool cuda_graph = false;
   std::vector<std::string> lora;  // [NAME=]FILE[:SCALE]
@@ -152,8 +152,11 @@ void run_graphed(const ForwardOptions& o, const std::vector<models::FluxTransfor
 #endif
 }
 
-void run_forward(const ForwardOptions& o) {
+void run_forward(ForwardOptions o) {
   c10::InferenceMode guard;
+  // generate's rules: a visible GPU by default, and bf16 on it (fp32 on the CPU) unless --dtype says.
+  o.device = resolve_device_name(o.device);
+  if (o.dtype.empty()) o.dtype = default_dtype_for(o.device);
   if (o.threads > 0) at::set_num_threads(o.threads);
   // Checked before the weights load, as generate checks its outputs (core/output_policy.h).
   if (!o.save.empty()) {
@@ -289,8 +292,8 @@ CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
   cmd->add_option("--width", o->width, "image width in pixels (multiple of 16)")->capture_default_str();
   cmd->add_option("--text-len", o->text_len, "text tokens (T5 max_sequence_length)")->capture_default_str();
   cmd->add_option("--batch", o->batch, "batch size")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "fp32, bf16 or fp16")->capture_default_str();
-  cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU, as generate)");
+  cmd->add_option("--device", o->device, "auto (cuda when a GPU is visible, else cpu), cpu or cuda")->capture_default_str();
   cmd->add_option("--stages", o->stages, "block ranges per stage, e.g. 0:3,3:6 (default: one stage)");
   cmd->add_option("--repeat", o->repeat, "timed forwards")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed forwards first")->capture_default_str();

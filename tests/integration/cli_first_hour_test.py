@@ -171,6 +171,14 @@ def case_defaults(tmp):
         fail(f"generate does not say the values it chose ({expected!r}):\n{log}")
     if "auto" not in run(["generate", "--help"])[1].split("--device ", 1)[1].split("\n", 1)[0]:
         fail("generate --help does not give --device's default as auto")
+    # forward and calibrate: the same device rule, and the same dtype for the device chosen.
+    for command in ("forward", "calibrate"):
+        if "auto" not in run([command, "--help"])[1].split("--device ", 1)[1].split("\n", 1)[0]:
+            fail(f"{command} --help does not give --device's default as auto")
+    forward = expect_code(["forward", "--model", model, "--height", "32", "--width", "32", "--text-len", "8",
+                           "--repeat", "1", "--warmup", "0"], 0, "forward with the defaults")
+    if f"{'bf16' if gpu else 'fp32'} on {device}" not in forward:
+        fail(f"forward does not run generate's default device and dtype ({device}):\n{forward}")
     # plan: generate's map by default, and generate's dtype rule for the device it plans.
     plan = json.loads(run(["plan", "--model", model, "--json"])[1])
     if plan["transformer"]["device_map"] != "pipeline" or plan["dtype"] != "bf16":
