@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "cli/torch_boundary.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/json_file.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
@@ -84,6 +85,7 @@ void run_calibrate(CalibrateOptions o) {
       pipeline_folder ? pipeline::FluxPipeline(io::ModelFolder::open(o.model)).vae_scale_factor() : int64_t{8};
   const auto grid = pipeline::latent_grid(o.height, o.width, vae_factor);
   const int64_t height = grid.height / 2 * 16, width = grid.width / 2 * 16;
+  mark_work_started();  // inputs checked: from here a failure is a runtime error (exit 1)
   std::cerr << "calibrating " << dir << " on " << name << ", " << canonical_dtype << ", " << height << "x" << width
             << ", " << o.text_tokens << " text tokens; " << o.warmup << " warm-up and " << o.repeat
             << " timed run(s) per unit\n";

@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "io/run_dtype.h"
@@ -37,6 +38,7 @@ void prepare_output(const MakeOptions& o) {
     DP_CHECK(o.force || fs::is_empty(o.out), o.out, ": directory is not empty (pass --force to write into it)");
   }
   fs::create_directories(o.out);
+  mark_work_started();  // the arguments and folder are checked: a failure while writing is a runtime error (1)
 }
 
 void write_model_index(const std::string& out, const std::vector<std::pair<std::string, std::string>>& parts) {
@@ -160,6 +162,7 @@ CommandRegistrar random("make-random", 61, [](CLI::App& root) {
       write.seed = o->seed;
       write.sparse = o->sparse;
       const auto started = std::chrono::steady_clock::now();
+      mark_work_started();
       const uint64_t bytes = fixtures::write_random_lora(o->out, config, o->lora_rank, write);
       std::cout << "wrote " << o->out << ": rank-" << o->lora_rank << " LoRA, " << human_bytes(bytes) << " ("
                 << o->dtype << ") in " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()

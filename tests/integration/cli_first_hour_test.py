@@ -97,6 +97,13 @@ def case_exit_codes(tmp):
     # 1: runtime, the work started and failed
     expect_code(["generate", "--model", str(nan_model(tmp)), "--prompt", "cat", "--steps", "2", "--out", out] + SMALL,
                 1, "NaN weights found while denoising", "NaN")
+    # make-tiny checks its folder (3), then a write that fails is a runtime error (1): here the folder
+    # "transformer" it must create is taken by a file.
+    blocked = tmp / "blocked"
+    blocked.mkdir()
+    (blocked / "transformer").write_text("not a folder")
+    expect_code(["make-tiny", "--out", str(blocked)], 3, "make-tiny into a folder that is not empty")
+    expect_code(["make-tiny", "--out", str(blocked), "--force"], 1, "make-tiny whose write fails")
     # 75: preempted after a checkpoint
     ckdir = tmp / "ck"
     command = [BINARY, "generate", "--model", model, "--prompt", "cat", "--steps", "4", "--checkpoint-dir", str(ckdir),
