@@ -10,7 +10,16 @@
 namespace dp::trace {
 
 // The streams of a rank, one track each (the trace-event "tid").
-enum class Track : int { host = 1, compute = 2, send = 3, receive = 4, checkpoint = 5, device_send = 6, device_receive = 7 };
+enum class Track : int {
+  host = 1,
+  compute = 2,
+  send = 3,
+  receive = 4,
+  checkpoint = 5,
+  device_send = 6,
+  device_receive = 7,
+  background_load = 8,  // weights loaded on a thread of their own while the host track goes on (the VAE)
+};
 const char* track_name(Track track);
 
 void start();  // from now on, spans of this process are kept

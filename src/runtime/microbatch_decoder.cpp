@@ -1,5 +1,6 @@
 #include "runtime/microbatch_decoder.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
@@ -61,8 +62,8 @@ void MicrobatchDecoder::prepare(const DecodeBudget& budget) {
   }
   if (resident_) {
     DP_INFO("rank ", rank_, ": decode: the VAE stays loaded through denoising (", verdict,
-            "); each microbatch is decoded as it finishes");
-    load();
+            "); it loads in the background while denoising starts, and each microbatch is decoded as it finishes");
+    start_loading();
   } else {
     DP_WARN("rank ", rank_, ": decode at the end: ", verdict,
             "; finished latents wait on the host and are decoded after the transformer is freed");
@@ -77,6 +78,33 @@ void MicrobatchDecoder::load() {
   DP_INFO("rank ", rank_, ": VAE loaded on ", device_.str(), " in ", human_seconds(seconds_since(started)));
 }
 
+void MicrobatchDecoder::start_loading() {
+  loading_ = std::async(std::launch::async, [this] {
+    c10::InferenceMode guard;  // thread-local, as is the device guard
+    c10::OptionalDeviceGuard device_guard(device_);
+    trace::Scope span(trace::Track::background_load, "VAE load");  // --trace and NVTX
+    const auto started = std::chrono::steady_clock::now();
+    auto vae = flux_.load_vae(request_, grid_, device_);
+    pipeline::synchronize(device_);
+    DP_INFO("rank ", rank_, ": VAE loaded on ", device_.str(), " in the background in ",
+            human_seconds(seconds_since(started)));
+    return vae;
+  });
+}
+
+void MicrobatchDecoder::wait_for_vae() {
+  if (!loading_.valid()) return;
+  const auto started = std::chrono::steady_clock::now();
+  vae_.emplace(loading_.get());  // a failed load throws here, on the rank's own thread
+  const double waited = seconds_since(started);
+  load_seconds_ += waited;
+  DP_DEBUG("rank ", rank_, ": the first decode waited ", human_seconds(waited), " for the VAE");
+}
+
+MicrobatchDecoder::~MicrobatchDecoder() {
+  if (loading_.valid()) loading_.wait();
+}
+
 void MicrobatchDecoder::accept(int64_t microbatch, const at::Tensor& latents) {
   ++accepted_;
   if (resident_) {
@@ -88,6 +116,7 @@ void MicrobatchDecoder::accept(int64_t microbatch, const at::Tensor& latents) {
 
 void MicrobatchDecoder::decode(int64_t microbatch, const at::Tensor& latents) {
   c10::InferenceMode guard;
+  wait_for_vae();
   const auto started = std::chrono::steady_clock::now();
   trace::Scope span(trace::Track::host, str("decode mb ", microbatch));  // --trace and NVTX
   const at::Tensor images = pipeline::FluxPipeline::decode_with(*vae_, grid_, latents);
@@ -96,6 +125,7 @@ void MicrobatchDecoder::decode(int64_t microbatch, const at::Tensor& latents) {
 }
 
 void MicrobatchDecoder::finish() {
+  wait_for_vae();
   if (!kept_.empty()) {
     if (!vae_) load();
     for (auto& [microbatch, latents] : kept_) {

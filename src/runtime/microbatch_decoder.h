@@ -1,13 +1,15 @@
 #pragma once
 // The decode phase on the rank that runs the VAE, one finished microbatch at a time. When the VAE fits next to
-// this rank's transformer blocks it is loaded before denoising starts and each microbatch is decoded as soon
-// as its latents arrive, so images reach the disk while the rest of the batch denoises. When it does not fit,
+// this rank's transformer blocks it loads on a thread of its own while the first steps denoise (its load is
+// then off the image's critical path; the first decode waits for it if it is not done) and each microbatch is
+// decoded as soon as its latents arrive, so images reach the disk while the rest of the batch denoises. When it does not fit,
 // the latents are kept on the host and decoded after the blocks are freed (the old "decode at the end"
 // order), and the log says so.
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
 
@@ -29,7 +31,8 @@ class MicrobatchDecoder {
                     const pipeline::LatentGrid& grid, int64_t microbatch_size, at::Device device, int rank,
                     Deliver deliver);
 
-  // Before denoising: decides whether the VAE stays loaded through it, logs why, and loads it if so.
+  // Before denoising: decides whether the VAE stays loaded through it, logs why, and if so starts loading it in
+  // the background.
   void prepare(const DecodeBudget& budget);
   bool resident() const { return resident_; }
   // A microbatch's final latents (b, N_img, C): decoded and delivered now when resident, else kept on the host.
@@ -39,10 +42,15 @@ class MicrobatchDecoder {
   int64_t accepted() const { return accepted_; }
   at::Device device() const { return device_; }
   double decode_seconds() const { return decode_seconds_; }
+  // Seconds of VAE loading that held this rank up: the whole load when it ran in line, only the wait for the
+  // background load otherwise.
   double load_seconds() const { return load_seconds_; }
+  ~MicrobatchDecoder();  // waits for a background load still running (it is bounded by the load itself)
 
  private:
   void load();
+  void start_loading();
+  void wait_for_vae();
   void decode(int64_t microbatch, const at::Tensor& latents);
 
   pipeline::FluxPipeline& flux_;
@@ -54,6 +62,7 @@ class MicrobatchDecoder {
   Deliver deliver_;
   bool resident_ = false;
   std::optional<models::AutoencoderKL> vae_;
+  std::future<models::AutoencoderKL> loading_;
   std::map<int64_t, at::Tensor> kept_;
   int64_t accepted_ = 0;
   double decode_seconds_ = 0, load_seconds_ = 0;

@@ -26,7 +26,6 @@ namespace {
 io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSchedule& schedule,
                                const pipeline::PromptEmbeddings& prompts) {
   const auto& request = run.request;
-  const auto& checkpoints = run.checkpoints();
   io::Checkpoint base;
   base.run = checkpoint_run(request, run.options.microbatch_size);
   base.model_dir = std::filesystem::absolute(run.flux.folder().dir()).string();

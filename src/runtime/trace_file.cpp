@@ -17,7 +17,7 @@ namespace {
 
 constexpr trace::Track kTracks[] = {trace::Track::host, trace::Track::compute, trace::Track::send,
                                     trace::Track::receive, trace::Track::checkpoint, trace::Track::device_send,
-                                    trace::Track::device_receive};
+                                    trace::Track::device_receive, trace::Track::background_load};
 
 // What a rank sends rank 0: who it is and its spans on its own clock.
 std::string rank_payload(const RunContext& run) {

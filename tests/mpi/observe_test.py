@@ -225,7 +225,7 @@ def case_report(binary, model, tmp, ranks):
     print(f"report merges {ranks} ranks' files and refuses mixed, damaged and incomplete inputs naming the file")
 
 
-TRACK_NAMES = {1: "host", 2: "compute", 3: "send", 4: "receive", 5: "checkpoint"}
+TRACK_NAMES = {1: "host", 2: "compute", 3: "send", 4: "receive", 5: "checkpoint", 8: "background load"}
 
 
 def check_trace_schema(doc, path):
@@ -328,6 +328,16 @@ def case_trace(binary, model, tmp, ranks):
                          "checkpoint copy step 2", "checkpoint write step 2", "send step mb 0 step 1 to rank 1"
                          if blocks is None else "send activations mb 0 step 1 to rank 1",
                          f"receive noise mb 0 step 1 from rank {ranks - 1}"]
+            # The VAE loads on a thread of its own while denoising goes on, and before the first decode.
+            vae = [e for e in mine if e["name"] == "VAE load"]
+            ring = [e for e in mine if e["tid"] in (2, 3, 4)]
+            first_decode = min(e["ts"] for e in mine if e["name"].startswith("decode mb "))
+            if len(vae) != 1 or vae[0]["tid"] != 8:
+                fail(f"{trace}: rank 0 should have one 'VAE load' span on the background load track (8): {vae}")
+            if not (vae[0]["ts"] < max(e["ts"] + e["dur"] for e in ring) and
+                    vae[0]["ts"] + vae[0]["dur"] <= first_decode + 1):
+                fail(f"{trace}: the VAE load [{vae[0]['ts']}, {vae[0]['ts'] + vae[0]['dur']}] does not overlap "
+                     f"denoising or ends after the first decode ({first_decode})")
         else:
             expected += [f"receive {'activations' if r > 1 or reports[0]['blocks'] is not None else 'step'} mb 0 step 1 "
                          f"from rank {r - 1}",
