@@ -17,29 +17,16 @@ out=${OUT:-$here/build-gpu/out}
 work=${WORK:-/tmp/gpu_calibrate}
 mkdir -p "$out" "$work"
 exec > >(tee "$out/summary-calibrate.txt") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_build.sh
+source "$here/bench/gpu_build.sh"
 budget=${BUDGET_S:-560}
-started=$(date +%s)
-elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
-left() { echo $(( budget - ($(date +%s) - started) )); }
-bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
 device=${DEVICE:-cuda}
 dtype=${DTYPE:-bf16}
 shapes=${SHAPES:-1024x1024 768x1360}
 tokens=${TEXT_TOKENS:-512}
 [ "$device" = cpu ] || nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 
-bin=${DIFFPIPE_BIN:-}
-if [ -z "$bin" ]; then
-  TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-  build="$here/build-gpu"
-  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_BUILD_TESTS=OFF > "$work/build.log" 2>&1 \
-    || { tail -30 "$work/build.log"; exit 1; }
-  ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-  bin="$build/diffpipe"
-  elapsed "built"
-fi
+build_diffpipe
 model=${MODEL:-$work/flux-dev}
 if [ ! -f "$model/transformer/config.json" ] && [ ! -f "$model/config.json" ]; then
   bounded "$bin" make-random --arch flux-dev --dtype bf16 --force --out "$model" > "$work/make-random.log" 2>&1 \

@@ -18,51 +18,22 @@ out=${OUT:-$here/build-gpu/out}
 work=/tmp/gpu_nccl
 mkdir -p "$out" "$work"
 exec > >(tee "$out/summary.txt") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_build.sh
+source "$here/bench/gpu_build.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # NCCL 2.30 lets several ranks of one communicator share a GPU only with this (experimental in NCCL).
 export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_DEBUG=WARN
 budget=${BUDGET_S:-590}
-started=$(date +%s)
-elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
-left() { echo $(( budget - ($(date +%s) - started) )); }
-status=0
-failed() { echo "CHECK FAILED: $*"; status=1; }
-# Runs a command killed at the end of the budget, so that one hung run cannot take the others' time or the logs.
-bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
 pack() {  # the logs and reports come back as one archive (a device call returns at most 8 files)
   tar czf "$out/logs.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='tiny' --exclude='flux-dev' . 2>/dev/null
 }
 trap pack EXIT
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-# 0. Build. NCCL compiles in the background while the rooms that do not see NCCL compile in the foreground.
-nccl_prefix=/tmp/nccl-2.30.7
-( bash "$here/.deps/nccl/build.sh" "$nccl_prefix" > "$work/nccl-build.log" 2>&1 ) &
-nccl_job=$!
-TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-build="$here/build-gpu"
-cmake_args=(-S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP"
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_BUILD_TESTS=OFF)
-cmake "${cmake_args[@]}" > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
-ninja -C "$build" diffpipe_pipeline diffpipe_fixtures >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-elapsed "rooms below the runtime built"
-wait $nccl_job || { echo "NCCL build failed:"; tail -30 "$work/nccl-build.log"; exit 1; }
-elapsed "NCCL built in $nccl_prefix"
-# -U: the first configure cached the system NCCL (2.28); this one must find only ours.
-cmake "${cmake_args[@]}" -UDIFFPIPE_NCCL_INCLUDE_DIR -UDIFFPIPE_NCCL_LIBRARY -DDIFFPIPE_NCCL_ROOT="$nccl_prefix" \
-  >> "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
-grep "diffpipe: NCCL" "$work/build.log" | tail -1
-ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-bin="$build/diffpipe"
-ldd "$build/diffpipe-torch" | grep -E "libnccl|libtorch_cuda"
-# The executable links our libnccl ahead of LibTorch's copy; should something on this machine (LD_LIBRARY_PATH)
-# still resolve another one first, say so and preload ours, so that the runs below still test NCCL 2.30.7.
-if ! ldd "$build/diffpipe-torch" | grep -q "libnccl.so.2 => $nccl_prefix/lib/"; then
+# 0. Build, against NCCL 2.30.7. Another libnccl.so.2 resolved first is a failed check (ours is preloaded).
+build_diffpipe_nccl
+[ -z "$nccl_preloaded" ] ||
   failed "link order: diffpipe-torch does not resolve libnccl.so.2 to $nccl_prefix/lib; using LD_PRELOAD"
-  export LD_PRELOAD=$nccl_prefix/lib/libnccl.so.2
-fi
-elapsed "built"
 # The full-size folder (random weights, ~33 GB) is written in the background while the tiny runs use the GPU.
 model="$work/flux-dev"
 ( bounded "$bin" make-random --arch flux-dev --pipeline --out "$model" > "$work/make-random.log" 2>&1 ) &
@@ -118,38 +89,9 @@ kill_check() {
   bounded mpirun --allow-run-as-root --oversubscribe -np 3 "$bin" generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 \
     --height 128 --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 \
     --transport nccl --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
-  local job=$! waited=0
-  until grep -q "progress 1/1000" "$log" 2>/dev/null; do
-    sleep 0.2; waited=$((waited + 1))
-    if ! kill -0 $job 2>/dev/null || [ $waited -gt 600 ]; then
-      failed "killed rank: the run never reached step 1"; tail -8 "$log"; kill $job 2>/dev/null; return
-    fi
-  done
-  local pids
-  pids=$(python3 - $victim <<'PY'
-import os, pathlib, sys
-for proc in pathlib.Path("/proc").iterdir():
-    try:
-        if os.readlink(proc / "exe").endswith("diffpipe-torch") and \
-           f"OMPI_COMM_WORLD_RANK={sys.argv[1]}".encode() in (proc / "environ").read_bytes().split(b"\0"):
-            print(proc.name)
-    except OSError:
-        pass
-PY
-)
-  [ -n "$pids" ] || { failed "killed rank: rank $victim's process not found"; kill $job; return; }
-  local killed_at lines_before
   # Only what is written after the kill can report it: every line of the victim says "[rank N]" anyway.
-  lines_before=$(wc -l < "$log")
-  killed_at=$(date +%s.%N)
-  kill -9 $pids
-  # Bounded here too: a job that outlives the transport timeout by far is a hang.
-  local code=0 deadline=$(( $(date +%s) + timeout + 40 ))
-  while kill -0 $job 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 0.2; done
-  if kill -0 $job 2>/dev/null; then
-    failed "killed rank: the job still ran $((timeout + 40)) s after rank $victim was killed"; kill -TERM $job
-  fi
-  wait $job; code=$?
+  kill_rank $! "$log" "progress 1/1000" $victim $timeout 120 || return
+  local code=$job_code
   local seconds
   seconds=$(python3 -c "import time; print(f'{time.time() - $killed_at:.1f}')")
   echo "rank $victim killed with SIGKILL at step 1 under nccl: job exit $code, ended $seconds s later (timeout $timeout s)"

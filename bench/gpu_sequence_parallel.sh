@@ -27,16 +27,11 @@ out=${OUT:-$here/build-gpu/out}
 work=${WORK:-/tmp/gpu_sp}
 mkdir -p "$out" "$work"
 exec > >(tee "$out/summary-sp.txt") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_build.sh
+source "$here/bench/gpu_build.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_DEBUG=WARN
 budget=${BUDGET_S:-590}
-started=$(date +%s)
-elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
-left() { echo $(( budget - ($(date +%s) - started) )); }
-status=0
-failed() { echo "CHECK FAILED: $*"; status=1; }
-bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
 pack() { tar czf "$out/logs-sp.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='tiny*' --exclude='flux-dev' . 2>/dev/null; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -44,24 +39,7 @@ gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 
 # --- The binary: given, or built as bench/gpu_nccl.sh builds it (NCCL 2.30.7 for ranks that share a GPU).
 bin=${DIFFPIPE_BIN:-}
-if [ -z "$bin" ]; then
-  nccl_prefix=/tmp/nccl-2.30.7
-  ( bash "$here/.deps/nccl/build.sh" "$nccl_prefix" > "$work/nccl-build.log" 2>&1 ) &
-  nccl_job=$!
-  TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-  build="$here/build-gpu"
-  cmake_args=(-S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP"
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_BUILD_TESTS=OFF)
-  cmake "${cmake_args[@]}" > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
-  ninja -C "$build" diffpipe_pipeline diffpipe_fixtures >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-  wait $nccl_job || { echo "NCCL build failed:"; tail -30 "$work/nccl-build.log"; exit 1; }
-  cmake "${cmake_args[@]}" -UDIFFPIPE_NCCL_INCLUDE_DIR -UDIFFPIPE_NCCL_LIBRARY -DDIFFPIPE_NCCL_ROOT="$nccl_prefix" \
-    >> "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
-  ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-  bin="$build/diffpipe"
-  ldd "$build/diffpipe-torch" | grep -q "libnccl.so.2 => $nccl_prefix/lib/" || export LD_PRELOAD=$nccl_prefix/lib/libnccl.so.2
-  elapsed "built"
-fi
+[ -n "$bin" ] || build_diffpipe_nccl
 model=${MODEL:-$work/flux-dev}
 make_random_job=
 if [ ! -f "$model/model_index.json" ]; then
@@ -139,31 +117,16 @@ check() {
   bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" generate --model "$tiny" --prompt "a cat" --height 128 \
     --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --sequence-parallel 2 --transport nccl \
     --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
-  local job=$! waited=0
-  until grep -q "progress 1/1000" "$log" 2>/dev/null; do
-    sleep 0.2; waited=$((waited + 1))
-    if ! kill -0 $job 2>/dev/null || [ $waited -gt 600 ]; then failed "killed rank: never reached step 1"; tail -5 "$log"; break; fi
-  done
-  local pids
-  pids=$(for p in /proc/[0-9]*; do readlink "$p/exe" 2>/dev/null | grep -q diffpipe-torch \
-    && tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim" && basename "$p"; done)
-  if [ -n "$pids" ]; then
-    # Only what is written after the kill can report it: every line of rank 1 says "[rank 1]" anyway.
-    local lines_before; lines_before=$(wc -l < "$log")
-    local killed_at=$(date +%s)
-    kill -9 $pids
-    while kill -0 $job 2>/dev/null && [ $(( $(date +%s) - killed_at )) -lt $((timeout + 40)) ]; do sleep 0.2; done
-    kill -0 $job 2>/dev/null && { failed "killed rank: the job still runs"; kill -TERM $job; }
-    wait $job; local code=$?
-    local seconds=$(( $(date +%s) - killed_at ))
+  # Only what is written after the kill can report it: every line of rank 1 says "[rank 1]" anyway.
+  if kill_rank $! "$log" "progress 1/1000" $victim $timeout 120; then
+    local code=$job_code
+    local seconds=$(( $(date +%s) - ${killed_at%.*} ))
     echo "K = 2 over nccl, rank $victim killed at step 1: job exit $code about $seconds s later (timeout $timeout s)"
-    [ $code -ne 0 ] || failed "killed rank: exit 0"
+    [ "$code" -ne 0 ] || failed "killed rank: exit 0"
     [ $seconds -le $((timeout + 10)) ] || failed "killed rank: ended after $seconds s"
     tail -n +"$((lines_before + 1))" "$log" |
       grep -Eqm1 "process rank $victim with PID [0-9]+ on node [^ ]+ exited on signal 9|\[rank 0\] \[error\] .*\brank $victim\b" \
       || failed "killed rank: no failure line after the kill names rank $victim"
-  else
-    failed "killed rank: rank $victim's process not found"; kill $job 2>/dev/null
   fi
   pack
 

@@ -33,15 +33,10 @@ out=${OUT:-$here/build-gpu/out}
 work=${WORK:-/tmp/gpu_two}
 mkdir -p "$out" "$work"
 exec > >(tee -a "$out/summary-two.txt") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_build.sh
+source "$here/bench/gpu_build.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_DEBUG=WARN
 budget=${BUDGET_S:-580}
-started=$(date +%s)
-elapsed() { echo "[$(( $(date +%s) - started )) s] $*"; }
-left() { echo $(( budget - ($(date +%s) - started) )); }
-status=0
-failed() { echo "CHECK FAILED: $*"; status=1; }
-bounded() { timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" "$@"; }
 pack() { tar czf "$out/logs-two.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.h5' . 2>/dev/null; }
 trap pack EXIT
 parts=("$@")
@@ -52,17 +47,7 @@ nvidia-smi topo -m 2>/dev/null | head -4
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 [ "$gpus" -ge 2 ] || echo "NOTE: $gpus GPU(s): the 2-rank runs below share one GPU and are no measure of two"
 
-bin=${DIFFPIPE_BIN:-}
-if [ -z "$bin" ]; then
-  TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-  build="$here/build-gpu"
-  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_BUILD_TESTS=OFF > "$work/build.log" 2>&1 \
-    || { tail -30 "$work/build.log"; exit 1; }
-  ninja -C "$build" diffpipe_cli >> "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-  bin="$build/diffpipe"
-  elapsed "built"
-fi
+build_diffpipe
 model=${MODEL:-/tmp/flux-dev-pipeline}
 if [ ! -f "$model/model_index.json" ]; then  # written last: its presence means complete
   bounded "$bin" make-random --pipeline --arch flux-dev --dtype bf16 --force --out "$model" > "$work/make-random.log" 2>&1 \
@@ -295,34 +280,8 @@ part_kill() {
   bounded "${mpi2[@]}" "$bin" generate --model "$model" --device cuda --dtype bf16 --height 768 --width 1360 --steps 200 \
     --prompt "$prompt" --num-images-per-prompt 4 --output-type latent --transport nccl --transport-timeout $timeout \
     --out "$work/killed.h5" > "$log" 2>&1 &
-  local job=$! waited=0
-  until grep -Eq "(step|progress) 1/200" "$log" 2>/dev/null; do
-    sleep 0.5; waited=$((waited + 1))
-    if ! kill -0 $job 2>/dev/null || [ $waited -gt 300 ]; then
-      failed "killed rank: the run never reached step 1"; tail -5 "$log"; kill $job 2>/dev/null; return
-    fi
-  done
-  local pids
-  pids=$(python3 - <<'EOF'
-import os, pathlib
-for proc in pathlib.Path("/proc").iterdir():
-    try:
-        if os.readlink(proc / "exe").endswith("diffpipe-torch") and \
-           b"OMPI_COMM_WORLD_RANK=1" in (proc / "environ").read_bytes().split(b"\0"):
-            print(proc.name)
-    except OSError:
-        pass
-EOF
-)
-  [ -n "$pids" ] || { failed "killed rank: rank 1's process not found"; kill $job; return; }
-  local lines_before killed_at
-  lines_before=$(wc -l < "$log")
-  killed_at=$(date +%s.%N)
-  kill -9 $pids
-  local deadline=$(( $(date +%s) + timeout + 40 ))
-  while kill -0 $job 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 0.2; done
-  kill -0 $job 2>/dev/null && { failed "killed rank: the job still ran $((timeout + 40)) s after the kill"; kill -TERM $job; }
-  wait $job; local code=$?
+  kill_rank $! "$log" "(step|progress) 1/200" 1 $timeout 150 || return
+  local code=$job_code
   local seconds; seconds=$(python3 -c "import time; print(f'{time.time() - $killed_at:.1f}')")
   echo "rank 1 SIGKILLed at step 1 (full size, 2 GPUs, nccl): job exit $code, ended $seconds s later (timeout $timeout s)"
   [ "$code" -ne 0 ] || failed "killed rank: the job exited 0"

@@ -1,5 +1,5 @@
 #pragma once
-// generate --trace FILE, kept beside generate's other options without growing generate_command.cpp.
+// generate --trace FILE, kept beside generate's other options without growing generate_options.cpp.
 #include <CLI/CLI.hpp>
 
 #include "runtime/distributed_generate.h"

@@ -36,21 +36,20 @@ Cases:
                   resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option.
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
-import argparse
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from mpi_generate_test import PROMPTS, fail, generate_args, latents, mpirun, rank_pids, run, write_tiny_lora  # noqa: E402
+from mpi_case import fail, mpirun, run, run_case  # noqa: E402
+from mpi_generate_test import PROMPTS, generate_args, latents, rank_pids, write_tiny_lora  # noqa: E402
 
 STEPS = 4
 EXIT_STOPPED = 75
@@ -498,26 +497,10 @@ CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "signal-worke
          "extras": case_extras}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=sorted(CASES))
-    parser.add_argument("--ranks", type=int, default=1)
+def add_step_option(parser):
     parser.add_argument("--at", choices=sorted(STEP_OF), default="middle")
-    args = parser.parse_args()
-    binary = os.environ.get("DIFFPIPE_BINARY")
-    if not binary or not os.access(binary, os.X_OK):
-        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
-    if args.ranks > 1 and shutil.which("mpirun") is None:
-        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
-    with tempfile.TemporaryDirectory(prefix=f"diffpipe-checkpoint-{args.case}-") as tmp:
-        tmp = pathlib.Path(tmp)
-        model = tmp / "tiny"
-        code, output, _ = run([binary, "make-tiny", "--out", str(model)])
-        if code != 0:
-            fail(f"make-tiny exited {code}:\n{output}")
-        CASES[args.case](binary, model, tmp, args.ranks, args.at)
-    print("1 passed, 0 failed")
 
 
 if __name__ == "__main__":
-    main()
+    run_case(CASES, "diffpipe-checkpoint", default_ranks=1, mpirun_for_one_rank=False, add_options=add_step_option,
+             case_args=lambda args: (args.ranks, args.at))

@@ -32,13 +32,10 @@ import sys
 import tempfile
 import time
 
+from mpi_case import diffpipe_binary, fail, require_mpirun
+
 STEPS = "1"
 RUN_LIMIT = 90  # seconds a trial may take
-
-
-def fail(message):
-    print(f"FAIL: {message}", file=sys.stderr)
-    sys.exit(1)
 
 
 def run(command, timeout, limit_file_size=False, env=None):
@@ -299,11 +296,8 @@ def main():
     parser.add_argument("--budget", type=float, default=150)
     parser.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    binary = os.environ.get("DIFFPIPE_BINARY")
-    if not binary or not os.access(binary, os.X_OK):
-        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
-    if shutil.which("mpirun") is None:
-        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
+    binary = diffpipe_binary()
+    require_mpirun()
     if not args.in_namespace and os.geteuid() == 0 and shutil.which("unshare"):
         # Everything again inside a private mount namespace: its tmpfs mounts vanish with it.
         command = ["unshare", "-m", "--propagation", "private", sys.executable, __file__, "--in-namespace"] + sys.argv[1:]

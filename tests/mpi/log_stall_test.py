@@ -13,20 +13,18 @@ Cases:
 Progress is read from the checkpoint folder (--checkpoint-every 1): its newest checkpoint's step. A run that
 makes no progress for 30 s while its output is not read fails the test (the old, blocking log).
 Needs DIFFPIPE_BINARY and mpirun."""
-import argparse
 import fcntl
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from mpi_generate_test import fail, generate_args, mpirun  # noqa: E402
+from mpi_case import fail, mpirun, run_case  # noqa: E402
+from mpi_generate_test import generate_args  # noqa: E402
 
 F_SETPIPE_SZ = 1031
 STALL_LIMIT = 30  # seconds without progress that count as "held"
@@ -143,24 +141,5 @@ def case_mpirun_stopped(binary, model, tmp):
 CASES = {"pipe": case_pipe, "mpirun-stopped": case_mpirun_stopped}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=sorted(CASES))
-    args = parser.parse_args()
-    binary = os.environ.get("DIFFPIPE_BINARY")
-    if not binary or not os.access(binary, os.X_OK):
-        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
-    if shutil.which("mpirun") is None:
-        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
-    with tempfile.TemporaryDirectory(prefix=f"diffpipe-log-stall-{args.case}-") as tmp:
-        tmp = pathlib.Path(tmp)
-        model = tmp / "tiny"
-        result = subprocess.run([binary, "make-tiny", "--out", str(model)], capture_output=True, text=True)
-        if result.returncode != 0:
-            fail(f"make-tiny exited {result.returncode}:\n{result.stdout}{result.stderr}")
-        CASES[args.case](binary, model, tmp)
-    print("1 passed, 0 failed")
-
-
 if __name__ == "__main__":
-    main()
+    run_case(CASES, "diffpipe-log-stall")

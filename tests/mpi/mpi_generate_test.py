@@ -50,31 +50,21 @@ Cases:
                  bit-identical to the FLOP-scaled split's; ranks started with and without it are refused.
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
-import argparse
 import os
 import pathlib
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 
 import h5py
 import numpy as np
 
+from mpi_case import fail, mpirun, run, run_case
+
 BOUND_SECONDS = 30  # a failed run must end within this
 PROMPTS = ["a cat sipping a margarita", "a lighthouse at dusk"]
-
-
-def fail(message):
-    print(f"FAIL: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def mpirun(ranks):
-    return ["mpirun", "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS=1"]
 
 
 def generate_args(model, out, extra=()):
@@ -91,12 +81,6 @@ def generate_args(model, out, extra=()):
     for p in PROMPTS:
         args += ["--prompt", p]
     return args
-
-
-def run(command, timeout=600):
-    started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
 
 def latents(path):
@@ -834,25 +818,5 @@ CASES = {"components": case_components, "incremental": case_incremental, "bounde
          "calibrate-on-load": case_calibrate_on_load}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=sorted(CASES))
-    parser.add_argument("--ranks", type=int, default=3)
-    args = parser.parse_args()
-    binary = os.environ.get("DIFFPIPE_BINARY")
-    if not binary or not os.access(binary, os.X_OK):
-        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
-    if shutil.which("mpirun") is None:
-        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
-    with tempfile.TemporaryDirectory(prefix=f"diffpipe-mpi-{args.case}-") as tmp:
-        tmp = pathlib.Path(tmp)
-        model = tmp / "tiny"
-        code, output, _ = run([binary, "make-tiny", "--out", str(model)])
-        if code != 0:
-            fail(f"make-tiny exited {code}:\n{output}")
-        CASES[args.case](binary, model, tmp, args.ranks)
-    print("1 passed, 0 failed")
-
-
 if __name__ == "__main__":
-    main()
+    run_case(CASES, "diffpipe-mpi", default_ranks=3)

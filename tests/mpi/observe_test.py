@@ -15,34 +15,15 @@ Cases:
                  the skews and every message is received after it began to be sent.
 
 Needs DIFFPIPE_BINARY (the built diffpipe); PIL from the pinned venv when present."""
-import argparse
 import json
 import os
-import pathlib
 import shutil
 import struct
-import subprocess
-import sys
-import tempfile
-import time
 import zlib
 
+from mpi_case import fail, mpirun, run, run_case
+
 PROMPTS = ["a cat sipping a margarita", "un caf\u00e9 pr\u00e8s du phare \u732b"]
-
-
-def fail(message):
-    print(f"FAIL: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def mpirun(ranks):
-    return ["mpirun", "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS=1"]
-
-
-def run(command, timeout=600):
-    started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
 
 def generate_args(model, out, extra=()):
@@ -385,25 +366,5 @@ def case_trace(binary, model, tmp, ranks):
 CASES = {"png-text": case_png_text, "report": case_report, "trace": case_trace}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=sorted(CASES))
-    parser.add_argument("--ranks", type=int, default=3)
-    args = parser.parse_args()
-    binary = os.environ.get("DIFFPIPE_BINARY")
-    if not binary or not os.access(binary, os.X_OK):
-        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
-    if args.ranks > 1 and shutil.which("mpirun") is None:
-        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
-    with tempfile.TemporaryDirectory(prefix=f"diffpipe-observe-{args.case}-") as tmp:
-        tmp = pathlib.Path(tmp)
-        model = tmp / "tiny"
-        code, output, _ = run([binary, "make-tiny", "--out", str(model)])
-        if code != 0:
-            fail(f"make-tiny exited {code}:\n{output}")
-        CASES[args.case](binary, model, tmp, args.ranks)
-    print("1 passed, 0 failed")
-
-
 if __name__ == "__main__":
-    main()
+    run_case(CASES, "diffpipe-observe", default_ranks=3, mpirun_for_one_rank=False)

@@ -15,20 +15,16 @@ Cases:
             mid-run: the job ends non-zero within 30 s and the output names the rank.
 
 Needs DIFFPIPE_BINARY (the built diffpipe) and h5py/numpy (the pinned venv)."""
-import argparse
 import json
-import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from mpi_generate_test import (BOUND_SECONDS, fail, generate_args, latents, mpirun, run,  # noqa: E402
-                               run_and_kill_rank)
+from mpi_case import fail, mpirun, run, run_case  # noqa: E402
+from mpi_generate_test import BOUND_SECONDS, generate_args, latents, run_and_kill_rank  # noqa: E402
 
 TOLERANCE = 1e-6  # max abs difference relative to the latents' scale
 HEADS = 12        # splits 2, 3 and 4 ways (FLUX.1-dev has 24)
@@ -155,25 +151,5 @@ def case_killed(binary, model, tmp, ranks):
 CASES = {"meshes": case_meshes, "refused": case_refused, "killed": case_killed}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=sorted(CASES))
-    parser.add_argument("--ranks", type=int, default=4)
-    args = parser.parse_args()
-    binary = os.environ.get("DIFFPIPE_BINARY")
-    if not binary or not os.access(binary, os.X_OK):
-        fail("set DIFFPIPE_BINARY to the built diffpipe executable")
-    if shutil.which("mpirun") is None:
-        fail("mpirun is not on PATH (launch/setup.sh installs Open MPI)")
-    with tempfile.TemporaryDirectory(prefix=f"diffpipe-sp-{args.case}-") as tmp:
-        tmp = pathlib.Path(tmp)
-        model = tmp / "tiny12"
-        code, output, _ = run([binary, "make-tiny", "--out", str(model), "--attention-heads", str(HEADS)])
-        if code != 0:
-            fail(f"make-tiny exited {code}:\n{output}")
-        CASES[args.case](binary, model, tmp, args.ranks)
-    print("1 passed, 0 failed")
-
-
 if __name__ == "__main__":
-    main()
+    run_case(CASES, "diffpipe-sp", default_ranks=4, model_name="tiny12", make_tiny_args=["--attention-heads", str(HEADS)])
