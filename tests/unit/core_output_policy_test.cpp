@@ -18,6 +18,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -28,9 +29,23 @@ namespace fs = std::filesystem;
 namespace dp {
 namespace {
 
+// The scratch folders of this process, removed when its tests end (ctest runs each test in a process of its own).
+class ScratchFolders : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const auto& dir : dirs) {
+      std::error_code ignored;  // a folder a test left unreadable stays; nothing else depends on it
+      fs::remove_all(dir, ignored);
+    }
+  }
+  std::vector<std::string> dirs;
+};
+ScratchFolders& scratch = *static_cast<ScratchFolders*>(::testing::AddGlobalTestEnvironment(new ScratchFolders));
+
 std::string temp_dir(const std::string& name) {
   std::string pattern = (fs::temp_directory_path() / ("diffpipe-" + name + "-XXXXXX")).string();
   EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  scratch.dirs.push_back(pattern);
   return pattern;
 }
 
