@@ -54,7 +54,7 @@ def main() -> int:
         }
         save_file({f"input.{k}": v.contiguous() for k, v in inputs.items()}, str(tmp / "inputs.safetensors"))
 
-        command = [args.diffpipe, "forward", "--model", str(tmp), "--inputs", str(tmp / "inputs.safetensors"),
+        command = [args.diffpipe, "forward", "--model", str(tmp), "--device", "cpu", "--inputs", str(tmp / "inputs.safetensors"),
                    "--threads", str(args.threads), "--repeat", str(args.repeat), "--warmup", "1",
                    "--dtype", args.dtype, "--save", str(tmp / "out.safetensors")]
         result = subprocess.run(command, capture_output=True, text=True)
