@@ -206,6 +206,8 @@ void ClipTokenizer::load_config(const std::string& folder) {
         }
       }
     }
+    for (const auto& added : added_tokens_)
+      if (!added.normalized) raw_added_tokens_.push_back({added.content, added.id});
   });
 }
 
@@ -326,25 +328,7 @@ void ClipTokenizer::encode_plain(const std::string& raw, std::vector<int64_t>& i
 std::vector<int64_t> ClipTokenizer::encode(const std::string& text) const {
   std::vector<int64_t> ids{bos_id_};
   // Non-normalized special tokens are matched leftmost-longest in the raw text.
-  size_t start = 0, pos = 0;
-  while (pos < text.size()) {
-    const AddedToken* match = nullptr;
-    for (const auto& added : added_tokens_) {
-      if (!added.normalized && text.compare(pos, added.content.size(), added.content) == 0 &&
-          (match == nullptr || added.content.size() > match->content.size())) {
-        match = &added;
-      }
-    }
-    if (match == nullptr) {
-      ++pos;
-      continue;
-    }
-    encode_plain(text.substr(start, pos - start), ids);
-    ids.push_back(match->id);
-    pos += match->content.size();
-    start = pos;
-  }
-  encode_plain(text.substr(start), ids);
+  encode_around_added_tokens(text, raw_added_tokens_, [&](const std::string& plain) { encode_plain(plain, ids); }, ids);
   ids.push_back(eos_id_);
   return ids;
 }

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizers/added_tokens.h"
+
 namespace dp::tokenizers {
 
 class ClipTokenizer {
@@ -52,6 +54,7 @@ class ClipTokenizer {
   std::vector<std::string> id_to_token_;
   std::map<std::pair<int64_t, int64_t>, std::pair<int, int64_t>> merges_;  // pair -> (rank, merged id)
   std::vector<AddedToken> added_tokens_;
+  std::vector<RawAddedToken> raw_added_tokens_;  // those of added_tokens_ with normalized false, in its order
   int64_t bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, unk_id_ = -1;
   int model_max_length_ = 77;
 };

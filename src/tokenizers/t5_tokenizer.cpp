@@ -109,9 +109,9 @@ void T5Tokenizer::read_tokenizer_json(const std::string& path) {
       const nlohmann::json* id = files::member(added, "id");
       DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
       // Added tokens index the model's vocabulary (T5's sentinels are part of it), which decode relies on.
-      added_tokens_.emplace_back(files::token_content(added, path, field),
-                                 files::as_integer(*id, 0, static_cast<int64_t>(pieces_.size()) - 1, path,
-                                                   field + ".id"));
+      added_tokens_.push_back({files::token_content(added, path, field),
+                               files::as_integer(*id, 0, static_cast<int64_t>(pieces_.size()) - 1, path,
+                                                 field + ".id")});
     }
   }
 }
@@ -159,10 +159,10 @@ void T5Tokenizer::finish_loading(const std::string& folder, const std::string& c
   model_max_length_ = files::model_max_length(config, 512, 1, config_path);
   if (from_spiece) {
     for (const auto& token : {"<pad>", "</s>", "<unk>"}) {
-      if (piece_ids_.count(token)) added_tokens_.emplace_back(token, piece_ids_.at(token));
+      if (piece_ids_.count(token)) added_tokens_.push_back({token, piece_ids_.at(token)});
     }
     for (const auto& [text, id] : piece_ids_) {
-      if (text.rfind("<extra_id_", 0) == 0) added_tokens_.emplace_back(text, id);
+      if (text.rfind("<extra_id_", 0) == 0) added_tokens_.push_back({text, id});
     }
   }
 }
@@ -252,25 +252,8 @@ void T5Tokenizer::encode_segment(const std::string& segment, std::vector<int64_t
 std::vector<int64_t> T5Tokenizer::encode(const std::string& text) const {
   std::vector<int64_t> ids;
   // Special tokens are matched leftmost-longest in the raw text; the rest is normalized and split.
-  size_t segment_start = 0, pos = 0;
-  while (pos < text.size()) {
-    const std::pair<std::string, int64_t>* match = nullptr;
-    for (const auto& added : added_tokens_) {
-      if (text.compare(pos, added.first.size(), added.first) == 0 &&
-          (match == nullptr || added.first.size() > match->first.size())) {
-        match = &added;
-      }
-    }
-    if (match == nullptr) {
-      ++pos;
-      continue;
-    }
-    encode_segment(text.substr(segment_start, pos - segment_start), ids);
-    ids.push_back(match->second);
-    pos += match->first.size();
-    segment_start = pos;
-  }
-  encode_segment(text.substr(segment_start), ids);
+  encode_around_added_tokens(text, added_tokens_, [&](const std::string& segment) { encode_segment(segment, ids); },
+                             ids);
   ids.push_back(eos_id_);
   return ids;
 }

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tokenizers/added_tokens.h"
 #include "tokenizers/precompiled_charsmap.h"
 
 namespace dp::tokenizers {
@@ -44,8 +45,8 @@ class T5Tokenizer {
 
   std::vector<Piece> pieces_;
   std::unordered_map<std::string, int64_t> piece_ids_;
-  std::vector<std::pair<std::string, int64_t>> added_tokens_;  // matched in the raw text before anything else
-  PrecompiledCharsmap charsmap_;                                // sentencepiece's normalizer (may be empty)
+  std::vector<RawAddedToken> added_tokens_;  // matched in the raw text before anything else
+  PrecompiledCharsmap charsmap_;             // sentencepiece's normalizer (may be empty)
   size_t longest_piece_bytes_ = 0;
   double unknown_score_ = 0.0;
   int64_t unk_id_ = 2, eos_id_ = 1, pad_id_ = 0;
