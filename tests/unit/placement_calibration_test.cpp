@@ -151,8 +151,12 @@ TEST(PlacementCalibration, CalibratedTimesMoveThePipelineSplit) {
   calibrated.calibrated = CalibratedTimes{0.3, 6.0, 1.5, 0.2};
   const auto units = flux_timed_units(config, tree, calibrated);
   for (const auto& u : units) {
-    if (u.name.rfind("transformer_blocks.", 0) == 0) EXPECT_DOUBLE_EQ(u.ms, 6.0) << u.name;
-    if (u.name.rfind("single_transformer_blocks.", 0) == 0) EXPECT_DOUBLE_EQ(u.ms, 1.5) << u.name;
+    if (u.name.rfind("transformer_blocks.", 0) == 0) {
+      EXPECT_DOUBLE_EQ(u.ms, 6.0) << u.name;
+    }
+    if (u.name.rfind("single_transformer_blocks.", 0) == 0) {
+      EXPECT_DOUBLE_EQ(u.ms, 1.5) << u.name;
+    }
   }
   EXPECT_DOUBLE_EQ(units.front().ms, 0.3);
   EXPECT_DOUBLE_EQ(units.back().ms, 0.2);
@@ -259,8 +263,11 @@ TEST(PlacementMicrobatch, MemoryCapsRuleOutLargeMicrobatches) {
   bool some_rejected = false;
   for (const auto& c : choice.candidates) some_rejected = some_rejected || !c.fits;
   EXPECT_TRUE(some_rejected) << choice.reason;
-  for (const auto& c : choice.candidates)
-    if (c.size == choice.size) EXPECT_TRUE(c.fits);
+  for (const auto& c : choice.candidates) {
+    if (c.size == choice.size) {
+      EXPECT_TRUE(c.fits);
+    }
+  }
   EXPECT_NE(choice.reason.find("does not fit"), std::string::npos) << choice.reason;
 }
 
