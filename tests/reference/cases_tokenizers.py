@@ -96,8 +96,10 @@ def learn_merges(words: collections.Counter, count: int) -> list:
     return merges
 
 
-def write_clip_hub_folder(folder: pathlib.Path, prompts: list) -> None:
-    """vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json, as FLUX.1-dev's tokenizer/."""
+def write_clip_hub_folder(folder: pathlib.Path, prompts: list, raw_eos: bool = False) -> None:
+    """vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json, as FLUX.1-dev's tokenizer/.
+    raw_eos: <|endoftext|> is an added token with normalized false, matched in the raw text before lower-casing
+    and whitespace cleaning (the tokenizer's other path for added tokens)."""
     folder.mkdir(parents=True, exist_ok=True)
     symbols = byte_symbols()
     vocab = {s: i for i, s in enumerate(symbols + [s + "</w>" for s in symbols])}
@@ -109,7 +111,8 @@ def write_clip_hub_folder(folder: pathlib.Path, prompts: list) -> None:
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n",
                                        encoding="utf-8")
-    token = lambda content: {"content": content, "lstrip": False, "normalized": True, "rstrip": False,
+    token = lambda content: {"content": content, "lstrip": False,
+                             "normalized": not (raw_eos and content == "<|endoftext|>"), "rstrip": False,
                              "single_word": False}
     config = {"add_prefix_space": False, "bos_token": "<|startoftext|>", "clean_up_tokenization_spaces": True,
               "do_lower_case": True, "eos_token": "<|endoftext|>", "errors": "replace", "model_max_length": 77,
@@ -166,6 +169,13 @@ def main() -> None:
     clip.save_pretrained(out / "clip_saved")
     results["clip_saved"] = {"kind": "clip",
                              "cases": expected(CLIPTokenizer.from_pretrained(out / "clip_saved"), extra, [77])}
+
+    write_clip_hub_folder(out / "clip_raw_eos", prompts, raw_eos=True)
+    raw = CLIPTokenizer.from_pretrained(out / "clip_raw_eos")
+    assert any(not t.normalized for t in raw.added_tokens_decoder.values()), raw.added_tokens_decoder
+    raw_prompts = extra + ["a cat<|endoftext|>a dog", "<|endoftext|><|endoftext|>", "red  <|endoftext|>  Blue",
+                           "<|endoftext|"]
+    results["clip_raw_eos"] = {"kind": "clip", "cases": expected(raw, raw_prompts, [77, 8])}
 
     write_t5_spiece_folder(out / "t5_spiece", prompts)
     t5 = T5TokenizerFast.from_pretrained(out / "t5_spiece")

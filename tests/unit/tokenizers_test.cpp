@@ -58,6 +58,14 @@ TEST(ClipTokenizer, MatchesTransformersFromSavedTokenizerJson) {
   expect_matches<ClipTokenizer>("clip_saved", cases["clip_saved"]["cases"]);
 }
 
+// <|endoftext|> with normalized false: matched in the raw text (case and spacing as written), the path the
+// other folders' normalized special tokens never take.
+TEST(ClipTokenizer, MatchesTransformersWithARawSpecialToken) {
+  const auto cases = load_cases();
+  ASSERT_TRUE(cases.contains("clip_raw_eos"));
+  expect_matches<ClipTokenizer>("clip_raw_eos", cases["clip_raw_eos"]["cases"]);
+}
+
 TEST(T5Tokenizer, MatchesTransformersFromSpieceModel) {
   const auto cases = load_cases();
   ASSERT_TRUE(cases.contains("t5_spiece"));
