@@ -66,19 +66,9 @@ build_diffpipe_nccl() {
   elapsed "built"
 }
 
-# rank_pids RANK: the diffpipe-torch processes of MPI rank RANK on this machine, one pid a line.
-rank_pids() {
-  python3 - "$1" <<'PY'
-import os, pathlib, sys
-for proc in pathlib.Path("/proc").iterdir():
-    try:
-        if os.readlink(proc / "exe").endswith("diffpipe-torch") and \
-           f"OMPI_COMM_WORLD_RANK={sys.argv[1]}".encode() in (proc / "environ").read_bytes().split(b"\0"):
-            print(proc.name)
-    except OSError:
-        pass
-PY
-}
+# rank_pids RANK (bench/rank_pids.sh), shared with gpu_check.sh.
+# shellcheck source=bench/rank_pids.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rank_pids.sh"
 
 # kill_rank JOB LOG STEP VICTIM TIMEOUT WAIT_S: once LOG, the output of the background mpirun job JOB, matches
 # STEP (grep -E; waited for at most WAIT_S seconds), SIGKILLs rank VICTIM and waits for the job to end, at most

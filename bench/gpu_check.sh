@@ -116,6 +116,8 @@ if [ -f "$here/.deps/nccl/build.sh" ]; then
 fi
 # shellcheck source=bench/gpu_python_env.sh
 source "$here/bench/gpu_python_env.sh"
+# shellcheck source=bench/rank_pids.sh
+source "$here/bench/rank_pids.sh"
 install_carried_wheels "$here" > "$work/wheels.log" 2>&1
 python3 -c 'import diffusers, transformers, h5py' 2>/dev/null && have_wheels=1 || have_wheels=0
 oracle_data() {
@@ -297,17 +299,7 @@ killed_rank() {
       kill "$job" 2>/dev/null || true; tail -8 "$log"; fail "the run never reached step 1"
     fi
   done
-  mapfile -t pids < <(python3 - "$victim" <<'PY'
-import os, pathlib, sys
-for proc in pathlib.Path("/proc").iterdir():
-    try:
-        if os.readlink(proc / "exe").endswith("diffpipe-torch") and \
-           f"OMPI_COMM_WORLD_RANK={sys.argv[1]}".encode() in (proc / "environ").read_bytes().split(b"\0"):
-            print(proc.name)
-    except OSError:
-        pass
-PY
-)
+  mapfile -t pids < <(rank_pids "$victim")
   [ "${#pids[@]}" -gt 0 ] || { kill "$job" 2>/dev/null || true; fail "rank $victim's process not found"; }
   # Only what is written after the kill can report it: every line of rank 2 says "[rank 2]" anyway.
   lines_before=$(wc -l < "$log")

@@ -58,6 +58,18 @@ def step_ms(step_ends: list) -> float:
     return 1000 * statistics.median(gaps) if gaps else 1000 * step_ends[0] if step_ends else float("nan")
 
 
+def run_logged(command: list, log_path: pathlib.Path, what: str) -> float:
+    """Runs command with its output in log_path; returns its process wall seconds, or exits with the log's tail."""
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.stderr.write(log_path.read_text()[-4000:])
+        raise SystemExit(f"{what} failed ({done.returncode}); log: {log_path}")
+    return wall
+
+
 def run_diffpipe(args, work: pathlib.Path) -> dict:
     report_path, log_path = work / "diffpipe-report.json", work / "diffpipe.log"
     command = [args.diffpipe, "generate", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
@@ -65,13 +77,7 @@ def run_diffpipe(args, work: pathlib.Path) -> dict:
                args.prompt, "--seed", str(args.seed), "--guidance", str(args.guidance), "--max-sequence-length",
                str(args.max_sequence_length), "--out", str(work / "diffpipe.png"), "--report-json", str(report_path)]
     command += args.diffpipe_args.split()
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.stderr.write(log_path.read_text()[-4000:])
-        raise SystemExit(f"diffpipe generate failed ({done.returncode}); log: {log_path}")
+    wall = run_logged(command, log_path, "diffpipe generate")
     report = json.loads(report_path.read_text())
     report["process_wall_seconds"] = wall
     report["command"] = command
@@ -93,13 +99,7 @@ def run_diffusers_process(args, work: pathlib.Path) -> dict:
                args.dtype, "--max-sequence-length", str(args.max_sequence_length), "--guidance", str(args.guidance),
                "--seed", str(args.seed), "--prompt", args.prompt]
     log_path = work / "diffusers.log"
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.stderr.write(log_path.read_text()[-4000:])
-        raise SystemExit(f"diffusers run failed ({done.returncode}); log: {log_path}")
+    wall = run_logged(command, log_path, "diffusers run")
     theirs = json.loads(child_json.read_text())["diffusers"]
     theirs["process_wall_seconds"] = wall
     shutil.copyfile(work / "diffusers-child-files" / "diffusers.png", work / "diffusers.png")

@@ -224,20 +224,26 @@ def main():
             _, replay = simulate(args.diffpipe, args.model, target, generate_args,
                                  ["--stage-ms", ",".join(f"{ms:.3f}" for _, ms in measured_stages)],
                                  link_speed(reports, args.link_gbps), args.link_latency_us)
-            print(f"\n{label(target)}: predicted from the calibration run, then measured")
-            print(f"  {'':30} {'predicted':>10} {'measured':>10} {'error':>8}")
-            rows = [("denoise wall s", predicted["total_s"], measured_wall),
-                    ("images/s", predicted["images_per_s"], images / measured_wall)]
-            for ms, (report, measured_ms) in zip(predicted_ms, measured_stages):
-                rows.append((f"rank {report['rank']} stage ms/step", ms, measured_ms))
-            for name, p, m in rows:
-                print(f"  {name:30} {p:10.4g} {m:10.4g} {(p / m - 1) * 100 if m else float('nan'):7.1f}%")
+            print_prediction(f"{label(target)}: predicted from the calibration run, then measured", predicted,
+                             predicted_ms, measured_stages, measured_wall)
             print(f"  in-sample, for reference only (the simulator fed this run's own stage times): "
                   f"{replay['total_s']:.3f} s, {(replay['total_s'] / measured_wall - 1) * 100:+.1f}%")
             summary.append((target, predicted["images_per_s"], images / measured_wall))
         print("\nout-of-sample throughput error (predicted / measured images/s - 1):")
         for target, p, m in summary:
             print(f"  {label(target):28} {(p / m - 1) * 100:+6.1f}%  (predicted {p:.4g}, measured {m:.4g})")
+
+
+def print_prediction(title, predicted, predicted_ms, measured_stages, measured_wall):
+    """One target's table: the simulator's wall, throughput and stage times beside the measured ones."""
+    print(f"\n{title}")
+    print(f"  {'':30} {'predicted':>10} {'measured':>10} {'error':>8}")
+    rows = [("denoise wall s", predicted["total_s"], measured_wall),
+            ("images/s", predicted["images_per_s"], predicted["images"] / measured_wall)]
+    for ms, (report, measured_ms) in zip(predicted_ms, measured_stages):
+        rows.append((f"rank {report['rank']} stage ms/step", ms, measured_ms))
+    for name, p, m in rows:
+        print(f"  {name:30} {p:10.4g} {m:10.4g} {(p / m - 1) * 100 if m else float('nan'):7.1f}%")
 
 
 def check_calibrated(args, generate_args, targets, workdir):
@@ -252,14 +258,8 @@ def check_calibrated(args, generate_args, targets, workdir):
         measured_stages = stages_of(reports)
         measured_wall = reports[0]["denoise_wall_seconds"]
         images = predicted["images"]
-        print(f"\n{label(target)}: predicted from calibrate, then measured (link {link:.2f} GB/s)")
-        print(f"  {'':30} {'predicted':>10} {'measured':>10} {'error':>8}")
-        rows = [("denoise wall s", predicted["total_s"], measured_wall),
-                ("images/s", predicted["images_per_s"], images / measured_wall)]
-        for ms, (report, measured_ms) in zip(predicted_ms, measured_stages):
-            rows.append((f"rank {report['rank']} stage ms/step", ms, measured_ms))
-        for name, p, m in rows:
-            print(f"  {name:30} {p:10.4g} {m:10.4g} {(p / m - 1) * 100 if m else float('nan'):7.1f}%")
+        print_prediction(f"{label(target)}: predicted from calibrate, then measured (link {link:.2f} GB/s)",
+                         predicted, predicted_ms, measured_stages, measured_wall)
         summary.append((target, predicted["images_per_s"], images / measured_wall))
     print("\ncalibrated simulator, throughput error (predicted / measured images/s - 1):")
     for target, p, m in summary:
