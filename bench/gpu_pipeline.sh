@@ -6,11 +6,12 @@
 #   1. process wall (command start to PNG on disk) of both sides, diffusers' in-script phases, diffpipe's loading
 #      rate per component with the page-cache state, first-step ratio, steady step, peak memory, PSNR, and
 #      issue 25's "Done when" table against its targets;
-#   2. diffpipe again with --load-overlap off (the staged order: its peak memory and wall beside the overlap's);
+#   2. diffpipe again with --load-overlap on (blocks loading on their own stream while the encoders run, within
+#      the staged order's peak): its wall, encode time and peak memory beside the default staged order's;
 #   3. the CUDA tests of the parallel loader (pinned staging against load_tensor, bit for bit);
 #   4. the tiny pipeline's CUDA oracle tests (pipeline_flux_test *Cuda*, against diffusers on the CPU).
 # $OUT receives at most 8 files (what a device call returns): summary.txt (this output), pipeline-all.json and
-# pipeline-staged.json (every figure), both images, and logs.tar.gz (every log and report).
+# pipeline-overlap.json (every figure), both images, and logs.tar.gz (every log and report).
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
 #   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
@@ -72,9 +73,9 @@ fi
 
 if [ "$side" != diffusers ] && enough 45; then
   bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
-    --json "$work/pipeline-staged.json" --only diffpipe --diffpipe-args "--load-overlap off" "$@" 2>&1 \
-    | tee "$work/pipeline-staged.log" | grep -E "process wall|Done when|^one image|first step|steady|peak|loading"
-  elapsed "staged order (--load-overlap off) finished"
+    --json "$work/pipeline-overlap.json" --only diffpipe --diffpipe-args "--load-overlap on" "$@" 2>&1 \
+    | tee "$work/pipeline-overlap.log" | grep -E "process wall|Done when|^one image|first step|steady|peak|loading|encode"
+  elapsed "overlapped load (--load-overlap on) finished"
 fi
 
 tests_status=0

@@ -19,7 +19,9 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/human_units.h"
 #include "core/log.h"
+#include "io/load_budget.h"
 #include "io/torch_tensors.h"
 
 namespace dp::io {
@@ -223,6 +225,7 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
   figures.source = weights.dir();
   figures.device = device.str();
   uint64_t resident = 0;
+  std::size_t piece_count = 0;
   for (std::size_t t = 0; t < job.names.size(); ++t) {
     const std::string& name = job.names[t];
     const TensorInfo& expected = weights.info(name);
@@ -240,32 +243,63 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
              file->path(), ": tensor '", name, "' changed since the folder's headers were read (the file was rewritten)");
     resident += resident_bytes(*file, *info);
     figures.bytes += info->nbytes();
+    piece_count += (info->nbytes() + job.piece_bytes - 1) / job.piece_bytes;
     job.infos.push_back(info);
     job.files.push_back(std::move(file));
-    const auto options = at::TensorOptions().dtype(to_scalar_type(info->dtype)).device(device);
-    if (device.is_cuda() || host_copies) {
-      job.outputs.push_back(at::empty(info->shape, options));
-    } else {
-      job.outputs.push_back(tensor_view(job.files.back(), *info));
-    }
-    for (uint64_t offset = 0; offset < info->nbytes(); offset += job.piece_bytes)
-      job.pieces.push_back({t, offset, std::min(job.piece_bytes, info->nbytes() - offset)});
   }
   figures.tensors = job.names.size();
   figures.resident_fraction = figures.bytes > 0 ? static_cast<double>(resident) / static_cast<double>(figures.bytes) : 1.0;
   figures.threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(load_threads()),
-                                                           std::max<std::size_t>(job.pieces.size(), 1)));
+                                                           std::max<std::size_t>(piece_count, 1)));
   figures.pinned_staging = device.is_cuda();
-  if (!job.pieces.empty()) run_readers(job, device, host_copies, figures.threads);
+  job.outputs.resize(job.names.size());
+  LoadBudget* budget = current_load_budget();
+  uint64_t bytes_read = 0;
+  // Portions of the tensors, in order: all at once without a budget; with one, what fits in its room now, then
+  // (after waiting for the lift) the rest. Memory is allocated a portion at a time, just before it is read.
+  for (std::size_t begin = 0; begin < job.names.size();) {
+    const uint64_t room = budget != nullptr ? budget->room() : LoadBudget::kUnlimited;
+    std::size_t end = begin;
+    uint64_t portion_bytes = 0;
+    while (end < job.names.size() && job.infos[end]->nbytes() <= room - portion_bytes)
+      portion_bytes += job.infos[end++]->nbytes();
+    if (end == begin) {
+      figures.bytes_before_wait = bytes_read;
+      figures.waited_seconds += budget->wait_for_lift();
+      continue;
+    }
+    if (budget != nullptr) budget->take(portion_bytes);
+    job.pieces.clear();
+    job.next = 0;
+    for (std::size_t t = begin; t < end; ++t) {
+      const TensorInfo& info = *job.infos[t];
+      const auto options = at::TensorOptions().dtype(to_scalar_type(info.dtype)).device(device);
+      if (device.is_cuda() || host_copies) {
+        job.outputs[t] = at::empty(info.shape, options);
+      } else {
+        job.outputs[t] = tensor_view(job.files[t], info);
+      }
+      for (uint64_t offset = 0; offset < info.nbytes(); offset += job.piece_bytes)
+        job.pieces.push_back({t, offset, std::min(job.piece_bytes, info.nbytes() - offset)});
+    }
+    if (!job.pieces.empty()) run_readers(job, device, host_copies, figures.threads);
+    bytes_read += portion_bytes;
+    begin = end;
+  }
   for (std::size_t t = 0; t < job.names.size(); ++t) result->tensors_[job.names[t]] = std::move(job.outputs[t]);
-  figures.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  figures.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() - figures.waited_seconds;
   DP_INFO("load ", figures.source, ": ", figures.tensors, " tensors, ", std::fixed, std::setprecision(3),
           figures.bytes / 1e9, " GB in ", figures.seconds, " s (", std::setprecision(2), figures.gigabytes_per_second(),
           " GB/s) to ", figures.device, " with ", figures.threads, " reader(s)",
           figures.pinned_staging ? ", pinned chunks on one copy stream each"
                                  : (host_copies ? ", copied on the host" : ", pages faulted in"),
           "; ",
-          std::setprecision(0), figures.resident_fraction * 100, "% was in the page cache before");
+          std::setprecision(0), figures.resident_fraction * 100, "% was in the page cache before",
+          figures.waited_seconds > 0 ? str("; ", human_size(static_cast<double>(figures.bytes_before_wait)),
+                                           " before waiting ", human_seconds(figures.waited_seconds), " for ",
+                                           budget->awaited())
+                                     : std::string());
   {
     std::lock_guard<std::mutex> lock(history_mutex);
     history.push_back(figures);
@@ -289,7 +323,9 @@ nlohmann::ordered_json load_figures_json(const std::vector<LoadFigures>& loads) 
                    {"gb_per_s", f.gigabytes_per_second()},
                    {"page_cache_resident_fraction", f.resident_fraction},
                    {"readers", f.threads},
-                   {"pinned_staging", f.pinned_staging}});
+                   {"pinned_staging", f.pinned_staging},
+                   {"waited_seconds", f.waited_seconds},
+                   {"bytes_before_wait", f.bytes_before_wait}});
   return out;
 }
 

@@ -25,10 +25,13 @@ struct LoadFigures {
   std::string device;
   uint64_t tensors = 0;
   uint64_t bytes = 0;  // as stored in the files
-  double seconds = 0;
+  double seconds = 0;  // reading, not counting waits for a load budget (io/load_budget.h)
   double resident_fraction = 0;  // of `bytes`, in the page cache before the load started (mincore)
   int threads = 0;
   bool pinned_staging = false;  // CUDA: through pinned chunks on copy streams
+  // With a load budget on the loading thread: the time spent waiting for its lift, and the bytes read before.
+  double waited_seconds = 0;
+  uint64_t bytes_before_wait = 0;
   double gigabytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0; }
 };
 
@@ -64,7 +67,9 @@ class LoadedTensors {
   LoadFigures figures_;
 };
 
-// Reads `names` (all of `weights` when empty) onto `device` with load_threads() readers. A tensor that cannot
+// Reads `names` (all of `weights` when empty) onto `device` with load_threads() readers. With a load budget
+// installed on the calling thread (io/load_budget.h), tensors are allocated and read in file order as far as its
+// room allows, and the rest after it is lifted. A tensor that cannot
 // be read fails the whole load with an error naming its file and the tensor. Logs the figures and adds them to
 // load_history(). On the CPU, `host_copies` gives tensors in memory of their own, copied in parallel, instead of
 // views of the mapping (for weights that must stay when the file goes, and to test the pieces' arithmetic

@@ -15,8 +15,10 @@
 namespace dp::pipeline {
 namespace {
 
-// The checkpoint bytes behind the modules `parts` holds: what loading this piece reads from disk.
-uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& config, const models::FluxParts& parts) {
+// The checkpoint bytes behind the modules `parts` holds: what loading this piece reads from disk. Without
+// `with_offloaded`, only what it reads onto its device.
+uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& config, const models::FluxParts& parts,
+                    bool with_offloaded) {
   const auto block_of = [&](const std::string& name) -> int64_t {
     for (const auto& [prefix, offset] : {std::pair<std::string, int64_t>{"transformer_blocks.", 0},
                                          std::pair<std::string, int64_t>{"single_transformer_blocks.", config.num_layers}}) {
@@ -29,14 +31,38 @@ uint64_t held_bytes(const io::WeightIndex& weights, const models::FluxConfig& co
   for (const auto& name : weights.names()) {
     const int64_t block = block_of(name);
     const bool head = name.rfind("norm_out.", 0) == 0 || name.rfind("proj_out.", 0) == 0;
-    const bool held = block >= 0 ? (block >= parts.first_block && block < parts.last_block)
+    const bool held = block >= 0 ? (block >= parts.first_block && block < parts.last_block &&
+                                    (with_offloaded || parts.offloaded.count(block) == 0))
                                  : (head ? parts.head : parts.embedders);
     if (held) bytes += weights.info(name).nbytes();
   }
   return bytes;
 }
 
+models::FluxConfig read_flux_config(const std::string& transformer_dir) {
+  const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
+  return models::FluxConfig::from_json(read_json_file(config_path), config_path);
+}
+
+models::FluxParts parts_of(const models::FluxConfig& config, int64_t first_block, int64_t last_block,
+                           const std::map<int64_t, models::OffloadedWeights>& offloaded) {
+  models::FluxParts parts;
+  parts.first_block = first_block;
+  parts.last_block = last_block < 0 ? config.num_blocks() : last_block;
+  parts.embedders = first_block == 0;
+  parts.head = parts.last_block == config.num_blocks();
+  parts.offloaded = offloaded;
+  return parts;
+}
+
 }  // namespace
+
+uint64_t FluxStage::device_weight_bytes(const std::string& transformer_dir, int64_t first_block, int64_t last_block,
+                                        const std::map<int64_t, models::OffloadedWeights>& offloaded) {
+  const auto config = read_flux_config(transformer_dir);
+  return held_bytes(io::WeightIndex::open_dir(transformer_dir), config,
+                    parts_of(config, first_block, last_block, offloaded), false);
+}
 
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
                      at::Device device, const LatentGrid& grid, int64_t text_tokens,
@@ -44,16 +70,10 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
                      models::flux::SequenceShard shard, std::shared_ptr<const models::LoraSet> lora)
     : shard_(std::move(shard)) {
   c10::InferenceMode guard;
-  const std::string config_path = (std::filesystem::path(transformer_dir) / "config.json").string();
-  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
-  models::FluxParts parts;
-  parts.first_block = first_block;
-  parts.last_block = last_block < 0 ? config.num_blocks() : last_block;
-  parts.embedders = first_block == 0;
-  parts.head = parts.last_block == config.num_blocks();
-  parts.offloaded = offloaded;
+  const auto config = read_flux_config(transformer_dir);
+  const models::FluxParts parts = parts_of(config, first_block, last_block, offloaded);
   auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(transformer_dir));
-  weight_bytes_ = held_bytes(*weights, config, parts);
+  weight_bytes_ = held_bytes(*weights, config, parts, true);
   if (lora) {
     // A NaN in an adapter is found before the blocks load, reading only the factors this piece will use.
     lora->check_finite(io::LoraComponent::transformer, [&](const io::LoraModule& m) {

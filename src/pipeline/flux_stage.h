@@ -44,6 +44,10 @@ class FluxStage {
   const models::FluxConfig& config() const { return model_.config(); }
   // Bytes of the checkpoint tensors this piece read (its blocks, plus embedders / head when held).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Before loading, from the headers: the file bytes a piece of [first_block, last_block) reads onto its device
+  // (the blocks the map offloads stay off it), the embedders and head included when it holds them.
+  static uint64_t device_weight_bytes(const std::string& transformer_dir, int64_t first_block, int64_t last_block,
+                                      const std::map<int64_t, models::OffloadedWeights>& offloaded);
   // The offloaded blocks' copies to the device so far (all zero when none are streamed).
   models::OffloadStats offload_stats() const { return model_.offload_stats(); }
 

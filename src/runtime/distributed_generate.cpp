@@ -98,6 +98,7 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   if (run.layout().sequence_parallel() > 1) run.exchange = std::make_unique<GroupExchange>(*run.transport);
   start_load_overlap(run);
   EncodedPrompts encoded = encode_phase(run);
+  encoders_released(run);
   const GenerateOutcome outcome = run.world.is_coordinator() ? run_coordinator(run, std::move(encoded)) : run_worker(run);
   write_trace(run);
   return outcome;

@@ -3,6 +3,8 @@
 #ifdef DIFFPIPE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <c10/core/DeviceGuard.h>
@@ -14,8 +16,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "io/weight_index.h"
 #include "core/human_units.h"
+#include "io/load_budget.h"
+#include "io/weight_index.h"
+#include "pipeline/device_stats.h"
 #include "pipeline/phase_guard.h"
 #include "placement/plan.h"
 #include "runtime/world.h"
@@ -114,21 +118,16 @@ LoadedStage load_phase(const RunContext& run) {
 
 namespace {
 
-// A component's weights at the run dtype, from its headers.
-uint64_t run_dtype_bytes(const std::string& dir, at::ScalarType dtype) {
+// A component's device memory while it loads and runs: its tensors at the run dtype or, when the files store
+// them wider, as read (the read-ahead holds them in the file's dtype until the model takes them).
+uint64_t component_bytes(const std::string& dir, at::ScalarType dtype) {
   const auto index = io::WeightIndex::open_dir(dir);
   uint64_t total = 0;
-  for (const auto& name : index.names()) total += index.info(name).numel() * at::elementSize(dtype);
+  for (const auto& name : index.names()) {
+    const auto& info = index.info(name);
+    total += std::max<uint64_t>(info.nbytes(), info.numel() * at::elementSize(dtype));
+  }
   return total;
-}
-
-uint64_t device_total_bytes(const at::Device& device) {
-#ifdef DIFFPIPE_HAVE_CUDA
-  at::globalContext().lazyInitDevice(at::kCUDA);
-  return at::cuda::getDeviceProperties(device.index())->totalGlobalMem;
-#else
-  DP_FAIL("this build has no CUDA support (", device, ")");
-#endif
 }
 
 // Whether this rank runs a text encoder before its ring phase.
@@ -136,6 +135,59 @@ bool encodes_here(const RunContext& run) {
   const int rank = run.world.rank();
   if (!run.encoders_on_their_ranks()) return run.world.is_coordinator() && !run.checkpoints().resume;
   return rank == run.components.clip.rank || rank == run.components.t5.rank;
+}
+
+// What the overlap holds on this rank's device: the encoders that run here (not those the map puts on the CPU)
+// and this rank's blocks (not those it offloads).
+struct OverlapMemory {
+  uint64_t encoders = 0;
+  uint64_t blocks = 0;
+  // Blocks that may load while the encoders hold the device. The staged order peaks at the blocks plus the
+  // loop's activations; with the encoders' weights and their working memory (a warm-up block of zeros and the
+  // forward's activations, taken as an eighth of their weights) beside the early blocks, the overlap stays under it.
+  uint64_t early_blocks() const {
+    const uint64_t encoders_in_use = encoders + encoders / 8;
+    return blocks > encoders_in_use ? blocks - encoders_in_use : 0;
+  }
+};
+
+OverlapMemory overlap_memory(const RunContext& run, const placement::RankStage& mine) {
+  OverlapMemory memory;
+  const int rank = run.world.rank();
+  for (const ComponentPlace* place : {&run.components.clip, &run.components.t5}) {
+    if ((place->rank == rank || !run.encoders_on_their_ranks()) && !place->on_cpu)
+      memory.encoders += component_bytes(run.flux.folder().component(place->name).path, run.request.dtype);
+  }
+  std::map<int64_t, models::OffloadedWeights> offloaded = offloaded_weights(mine);
+  memory.blocks = pipeline::FluxStage::device_weight_bytes(run.transformer_dir, mine.first_block, mine.last_block,
+                                                           offloaded);
+  return memory;
+}
+
+std::string bytes_text(uint64_t bytes) { return human_size(static_cast<double>(bytes)); }
+
+// How the overlap shares the device, for the log and the report.
+std::string overlap_terms(const OverlapMemory& memory) {
+  return str(bytes_text(memory.early_blocks()), " of this rank's ", bytes_text(memory.blocks),
+             " of blocks load while the text encoders (", bytes_text(memory.encoders),
+             ") hold the device, the rest once they are released, so the peak stays the staged order's");
+}
+
+// The overlapped load's work runs on a stream of its own: on the encoders' stream its dtype conversions, q|k|v
+// concatenations and warm-up would queue between their kernels (measured on an H200: encode 2.9 s instead of
+// 1.2 s). The loop's thread uses the blocks on its own stream, so the load's work is finished before they go.
+template <typename Work>
+auto on_loader_stream(const at::Device& device, Work&& work) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAStreamGuard stream(c10::cuda::getStreamFromPool(false, device.index()));
+    auto result = work();
+    stream.current_stream().synchronize();
+    return result;
+  }
+#endif
+  (void)device;
+  return work();
 }
 
 }  // namespace
@@ -146,31 +198,20 @@ LoadOverlap choose_load_overlap(const RunContext& run) {
   const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
   if (mine == nullptr) return {false, "this rank holds no transformer blocks"};
   if (!encodes_here(run)) return {false, "no text encoder runs on this rank: its blocks load while rank 0 encodes"};
-  if (mode != "auto") return {mode == "on", "--load-overlap " + mode};
+  if (mode == "off") return {false, "--load-overlap off"};
+  const OverlapMemory memory = overlap_memory(run, *mine);
+  if (mode == "on") return {true, "--load-overlap on: " + overlap_terms(memory), memory.early_blocks()};
   if (!run.device.is_cuda()) return {false, "on the CPU the loader and the encoders would share the same cores"};
   if (!run.options.max_memory.empty())
     return {false, "--max-memory caps this rank: the staged order keeps the encoders' and the blocks' memory apart"};
-  uint64_t encoders = 0;
-  const int rank = run.world.rank();
-  for (const ComponentPlace* place : {&run.components.clip, &run.components.t5}) {
-    if ((place->rank == rank || !run.encoders_on_their_ranks()) && !place->on_cpu)
-      encoders += run_dtype_bytes(run.flux.folder().component(place->name).path, run.request.dtype);
-  }
-  // An upper bound: the whole transformer, whatever part of it this rank holds.
-  const uint64_t blocks = run_dtype_bytes(run.transformer_dir, run.request.dtype);
-  const uint64_t total = device_total_bytes(run.device);
-  // Activations of the encoders and of the first step, and the allocator's slack.
-  const uint64_t margin = std::max<uint64_t>(uint64_t{4} << 30, total / 6);
-  const uint64_t need = encoders + blocks + margin;
-  const std::string figures = str(std::fixed, std::setprecision(1), "encoders ", encoders / 1e9, " GB + blocks ",
-                                  blocks / 1e9, " GB + margin ", margin / 1e9, " GB against the device's ", total / 1e9,
-                                  " GB");
-  if (need > total) return {false, "both would not fit at once (" + figures + ")"};
-  // Both fit, yet on one H200 the overlap measured slower: 8.6 s against 7.3 s of process wall for one 1024x1024
-  // image, encode 2.9 s against 1.2 s (bench/RESULTS.md, 2026-12-04), because the loader's dtype conversions and
-  // warm-up queue on the encoders' stream. Until they have a stream of their own, auto keeps the staged order.
-  return {false, "both would fit (" + figures + "), but the staged order measured faster on an H200 (--load-overlap on "
-                 "to overlap)"};
+  if (memory.early_blocks() == 0)
+    return {false, str("the text encoders (", bytes_text(memory.encoders), ") leave no room for blocks (",
+                       bytes_text(memory.blocks), ") within the staged order's peak")};
+  // The last H200 measurement (bench/RESULTS.md, 2026-12-04: 8.6 s against 7.3 s of process wall for one
+  // 1024x1024 image) was of the overlap before it had a stream of its own and an early allowance. Until
+  // bench/gpu_pipeline.sh has measured it again, auto keeps the staged order.
+  return {false, "the overlap (" + overlap_terms(memory) + ") is not yet measured faster on a GPU: --load-overlap on "
+                 "to use it"};
 }
 
 void start_load_overlap(RunContext& run) {
@@ -179,13 +220,27 @@ void start_load_overlap(RunContext& run) {
   run.load_overlapped = choice.overlap;
   run.load_overlap_reason = choice.reason;
   if (!choice.overlap) return;
-  run.early_load = std::async(std::launch::async, [&run] {
+  // Bounded like every wait of a run: by the encode phase, which lifts the budget however it ends
+  // (encoders_released, and RunContext's destructor).
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      std::max(600.0, run.options.transport_timeout_seconds) * 1000));
+  run.load_budget = std::make_shared<io::LoadBudget>(choice.early_bytes, "the text encoders to release the device",
+                                                     timeout);
+  run.early_load = std::async(std::launch::async, [&run, budget = run.load_budget] {
     // Both are per thread: the blocks must land on this rank's GPU and be inference tensors like the rest.
     c10::InferenceMode inference;
     c10::OptionalDeviceGuard device_guard;
     if (run.device.is_cuda()) device_guard.reset_device(run.device);
-    return load_phase(run);
+    const io::ScopedLoadBudget scoped(budget.get());
+    return on_loader_stream(run.device, [&run] { return load_phase(run); });
   });
+}
+
+void encoders_released(RunContext& run) {
+  if (!run.load_budget) return;
+  // The encoders' cached segments go first, so that the blocks still to load take their place.
+  pipeline::release_cached_memory(run.device);
+  run.load_budget->lift();
 }
 
 LoadedStage take_loaded_stage(RunContext& run) {

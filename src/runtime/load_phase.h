@@ -15,17 +15,23 @@ void cap_device_memory(const RunContext& run);
 // Loads this rank's blocks (nothing for a rank without any) and logs the load's rate.
 LoadedStage load_phase(const RunContext& run);
 
-// Whether this rank's blocks load on a thread while its text encoders run, and why. Auto chooses it on CUDA when
-// the device holds the encoders, the blocks and a margin for activations at once and no --max-memory cap
-// asks for the staged order; never on the CPU, where the loader and the encoders would share the same cores.
+// Whether this rank's blocks load on a thread while its text encoders run, and why. The overlapped load runs on
+// a CUDA stream of its own and may hold only `early_bytes` of blocks until the encoders are released, so that
+// encoders and blocks together stay within the staged order's peak (the blocks and the loop's activations).
+// Auto keeps the staged order for now: on the CPU (the loader and the encoders would share the same cores),
+// under --max-memory, and on CUDA until the bounded overlap is measured faster there.
 struct LoadOverlap {
   bool overlap = false;
   std::string reason;
+  uint64_t early_bytes = 0;
 };
 LoadOverlap choose_load_overlap(const RunContext& run);
 
 // Logs the choice and, when it is to overlap, starts load_phase on a thread (run.early_load).
 void start_load_overlap(RunContext& run);
+
+// The text encoders on this rank are done and their memory is returned: the overlapped load may take the rest.
+void encoders_released(RunContext& run);
 
 // This rank's blocks: the overlapped load's result when one was started, otherwise load_phase now.
 LoadedStage take_loaded_stage(RunContext& run);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/load_budget.h"
 #include "pipeline/flux_pipeline.h"
 #include "placement/ring_stages.h"
 #include "runtime/components.h"
@@ -47,6 +48,13 @@ struct RunContext {
   RunContext(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request, const pipeline::LatentGrid& grid,
              const RuntimeOptions& options, const Outputs& outputs, World& world)
       : flux(flux), request(request), grid(grid), options(options), outputs(outputs), world(world) {}
+  // A run that ends before its encoders are released (a failure while encoding) lets an overlapped load finish
+  // rather than wait out its budget's timeout.
+  ~RunContext() {
+    if (load_budget) load_budget->lift();
+  }
+  RunContext(const RunContext&) = delete;
+  RunContext& operator=(const RunContext&) = delete;
 
   pipeline::FluxPipeline& flux;
   const pipeline::GenerateRequest& request;
@@ -74,6 +82,9 @@ struct RunContext {
   // This rank's sequence group's all-to-all over the transport; null when the groups are single ranks.
   std::unique_ptr<GroupExchange> exchange;
   // This rank's blocks, loading on a thread while the encoders run (load_phase.h); invalid when loaded in turn.
+  // The budget bounds what that load holds until the encoders are released; declared first, so that it outlives
+  // the loader, which the future's destructor waits for.
+  std::shared_ptr<io::LoadBudget> load_budget;
   std::future<LoadedStage> early_load;
   bool load_overlapped = false;
   std::string load_overlap_reason;  // why it was chosen or not (load_phase.h)

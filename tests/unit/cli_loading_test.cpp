@@ -49,6 +49,7 @@ TEST(GenerateLoading, OverlapAndWarmUpLeaveTheLatentsBitIdentical) {
   const GenerateRun overlapped = generate(pipe, "loading-overlapped", "--load-overlap on");
   ASSERT_EQ(overlapped.result.exit_code, 0) << overlapped.result.output;
   EXPECT_TRUE(contains(overlapped.result.output, "load overlap on: --load-overlap on")) << overlapped.result.output;
+  EXPECT_TRUE(contains(overlapped.result.output, "of blocks load while the text encoders")) << overlapped.result.output;
   EXPECT_TRUE(contains(overlapped.result.output, "warmed up one block of each kind")) << overlapped.result.output;
   EXPECT_TRUE(same_bits(staged.latents, overlapped.latents)) << "overlap and warm-up changed the latents";
 

@@ -7,14 +7,17 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "fixtures/random_model.h"
 #include "fixtures/tiny_pipeline.h"
+#include "io/load_budget.h"
 #include "io/parallel_load.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
 #include "models/module_weights.h"
+#include "pipeline/device_stats.h"
 #include "test_support.h"
 
 namespace dp {
@@ -159,6 +162,76 @@ TEST(ParallelLoad, RewrittenShardFailsNamingFileAndTensor) {
     EXPECT_NE(message.find(first), std::string::npos) << message;
     EXPECT_NE(message.find("tensor '"), std::string::npos) << message;
   }
+}
+
+// A load under a budget a third the component's size, lifted by another thread after `hold`: what the load
+// has taken from the device by then (peak allocated on CUDA, 0 on the CPU) is noted just before the lift.
+struct BudgetedLoad {
+  std::shared_ptr<io::LoadedTensors> loaded;
+  uint64_t early_bytes = 0;
+  uint64_t taken_early = 0;
+  uint64_t device_bytes_before_lift = 0;
+};
+
+BudgetedLoad load_under_budget(const io::WeightIndex& index, const at::Device& device, bool host_copies,
+                               std::chrono::milliseconds hold) {
+  BudgetedLoad out;
+  out.early_bytes = index.total_bytes() / 3;
+  io::LoadBudget budget(out.early_bytes, "the test's lift", std::chrono::milliseconds(30000));
+  pipeline::reset_peak_memory(device);
+  std::thread lifter([&] {
+    std::this_thread::sleep_for(hold);
+    if (device.is_cuda()) out.device_bytes_before_lift = pipeline::peak_memory_bytes(device);
+    budget.lift();
+  });
+  try {
+    const io::ScopedLoadBudget scoped(&budget);
+    out.loaded = io::load_parallel(index, {}, device, host_copies);
+  } catch (...) {
+    lifter.join();
+    throw;
+  }
+  lifter.join();
+  out.taken_early = budget.taken_early();
+  return out;
+}
+
+// With a budget installed, the tensors that fit load at once, the rest after the lift; the bits are the same.
+TEST(ParallelLoad, ABudgetLoadsWhatFitsThenTheRestAfterItsLift) {
+  const LoadThreads threads(4);
+  const std::string dir = write_sharded_transformer("parallel-load-budget");
+  const auto index = io::WeightIndex::open_dir(dir);
+  for (bool host_copies : {false, true}) {
+    SCOPED_TRACE(host_copies ? "host copies" : "views");
+    const BudgetedLoad load = load_under_budget(index, at::kCPU, host_copies, std::chrono::milliseconds(300));
+    const io::LoadFigures& figures = load.loaded->figures();
+    EXPECT_EQ(figures.bytes, index.total_bytes());
+    EXPECT_GT(figures.bytes_before_wait, 0u) << "what fitted was read before the wait";
+    EXPECT_LE(figures.bytes_before_wait, load.early_bytes);
+    EXPECT_EQ(figures.bytes_before_wait, load.taken_early);
+    EXPECT_GE(figures.waited_seconds, 0.2) << "the rest waited for the lift";
+    EXPECT_LT(figures.seconds, figures.waited_seconds + 30) << "reading time does not count the wait";
+    for (const auto& name : index.names())
+      EXPECT_TRUE(same_bits(load.loaded->take(name, at::kFloat), io::load_tensor(index, name, at::kFloat))) << name;
+  }
+  const auto json = io::load_figures_json({io::load_history().back()});
+  EXPECT_GE(json[0]["waited_seconds"].get<double>(), 0.2) << json.dump();
+}
+
+// On the GPU the budget bounds device memory: before the lift, the load has allocated no more than it allows.
+TEST(ParallelLoad, CudaBudgetBoundsDeviceMemoryUntilTheLift) {
+  DP_TEST_NEED_CUDA();
+  const LoadThreads threads(4);
+  const std::string dir = write_sharded_transformer("parallel-load-budget-cuda");
+  const auto index = io::WeightIndex::open_dir(dir);
+  const at::Device cuda(at::kCUDA, 0);
+  const BudgetedLoad load = load_under_budget(index, cuda, false, std::chrono::milliseconds(500));
+  EXPECT_GT(load.device_bytes_before_lift, 0u);
+  // The caching allocator rounds each tensor up to 512 bytes; the budget counts the files' bytes.
+  EXPECT_LE(load.device_bytes_before_lift, load.early_bytes + 512 * index.size());
+  EXPECT_GE(load.loaded->figures().waited_seconds, 0.3);
+  for (const auto& name : index.names())
+    EXPECT_TRUE(same_bits(load.loaded->take(name, at::kFloat).cpu(), io::load_tensor(index, name, at::kFloat))) << name;
 }
 
 // The GPU path: pinned chunks, copy streams, conversion on the device, against load_tensor's .to(cuda, dtype).
