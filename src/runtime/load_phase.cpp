@@ -197,7 +197,7 @@ LoadOverlap choose_load_overlap(const RunContext& run) {
   DP_CHECK(mode == "auto" || mode == "on" || mode == "off", "--load-overlap must be auto, on or off, got '", mode, "'");
   const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
   if (mine == nullptr) return {false, "this rank holds no transformer blocks"};
-  if (!encodes_here(run)) return {false, "no text encoder runs on this rank: its blocks load while rank 0 encodes"};
+  if (!encodes_here(run)) return {false, "no text encoder runs on this rank: its blocks load while the encoders run on their ranks"};
   if (mode == "off") return {false, "--load-overlap off"};
   const OverlapMemory memory = overlap_memory(run, *mine);
   if (mode == "on") return {true, "--load-overlap on: " + overlap_terms(memory), memory.early_blocks()};

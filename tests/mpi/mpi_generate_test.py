@@ -496,25 +496,33 @@ def case_components(binary, model, tmp, ranks):
         if code != 0:
             fail(f"one process ({output_type}) exited {code}:\n{output}")
         # (max_memory, where CLIP, T5 and the VAE must run, whether rank 1 keeps the VAE through denoising)
-        configs = [("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, blocks),
-                   ("0=1GB,1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 0}, True, blocks)]
+        # (max_memory, where CLIP, T5 and the VAE must run, whether rank 1 keeps the VAE through denoising, the
+        # blocks' map, more flags)
+        configs = [("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, blocks, []),
+                   ("0=1GB,1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 0}, True, blocks, [])]
         if output_type == "png":
             # Rank 0 runs every block while rank 1 decodes: rank 0 takes the images between its own steps.
-            configs.append(("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, whole_ring_on_0))
+            configs.append(("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, whole_ring_on_0, []))
             # 1.5 MB holds the three components (1.45 MB at fp32) but not the VAE next to rank 1's blocks and
             # a microbatch's activations: the decode runs after denoising instead.
-            configs.append(("1=1500KB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, False, blocks))
-        for max_memory, where, resident, block_map in configs:
-            name = f"{output_type}-{max_memory.replace(',', '_').replace('=', '-')}-{block_map.stem}"
+            configs.append(("1=1500KB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, False, blocks, []))
+        else:
+            # Rank 1 encodes and holds blocks: they load on its loader thread, within the early allowance.
+            configs.append(("1=1GB", {"text_encoder": 1, "text_encoder_2": 1, "vae": 1}, True, blocks,
+                            ["--load-overlap", "on"]))
+        for max_memory, where, resident, block_map, flags in configs:
+            name = f"{output_type}-{max_memory.replace(',', '_').replace('=', '-')}-{block_map.stem}{''.join(flags)}"
             out = tmp / f"ranks-{name}.{ext}"
             extra = ["--output-type", output_type, "--pipeline-device-map", "balanced", "--max-memory", max_memory,
-                     "--device-map", str(block_map)]
+                     "--device-map", str(block_map)] + flags
             code, output, seconds = run(mpirun(ranks) + [binary] + generate_args(model, out, extra))
-            what = f"{ranks} ranks, {output_type}, --max-memory {max_memory}, blocks {block_map.stem}"
+            what = f"{ranks} ranks, {output_type}, --max-memory {max_memory}, blocks {block_map.stem} {' '.join(flags)}"
             if code != 0:
                 fail(f"{what}: exited {code}:\n{output}")
             encode = '{"text_encoder":%s,"text_encoder_2":%s}' % (where["text_encoder"], where["text_encoder_2"])
             expected_lines = [f"phase encode: hf_device_map {encode}", "phase denoise: hf_device_map {"]
+            if flags:
+                expected_lines.append("[rank 1] [info] load overlap on: --load-overlap on: ")
             if output_type == "png":
                 expected_lines.append('phase decode: hf_device_map {"vae":%s}' % where["vae"])
                 expected_lines.append(f"(image 0, decoded on rank {where['vae']})")
