@@ -96,8 +96,11 @@ void ClipTokenizer::read_vocab(const nlohmann::json& vocab, const std::string& p
   files::as_object(vocab, path, field);
   // Ids are dense, 0 .. size-1, as in every CLIP vocabulary; that bounds the id -> token table by the file.
   const auto max_id = static_cast<int64_t>(vocab.size()) - 1;
+  vocab_.reserve(vocab.size());
   for (const auto& [token, id] : vocab.items()) {
-    vocab_[token] = files::as_integer(id, 0, max_id, path, str("the id of ", files::quoted(token), " in ", field));
+    vocab_[token] = files::as_integer_of(id, 0, max_id, path, [&, &token = token] {
+      return str("the id of ", files::quoted(token), " in ", field);
+    });
   }
   id_to_token_.resize(vocab.size());
   for (const auto& [token, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = token;
@@ -135,16 +138,16 @@ std::vector<std::pair<std::string, std::string>> ClipTokenizer::read_tokenizer_j
   files::as_array(*merge_list, path, "model.merges");
   for (size_t i = 0; i < merge_list->size(); ++i) {
     const nlohmann::json& merge = (*merge_list)[i];
-    const std::string field = str("model.merges[", i, "]");
+    const auto field = [i] { return str("model.merges[", i, "]"); };
     if (merge.is_array()) {
       // tokenizers >= 0.20 writes ["a", "b"]; earlier versions "a b".
-      DP_CHECK(merge.size() == 2, path, ": ", field, " must hold two symbols, got ", files::describe(merge));
-      merges.emplace_back(files::as_string(merge[0], path, field + "[0]"),
-                          files::as_string(merge[1], path, field + "[1]"));
+      DP_CHECK(merge.size() == 2, path, ": ", field(), " must hold two symbols, got ", files::describe(merge));
+      merges.emplace_back(files::as_string_of(merge[0], path, [&] { return field() + "[0]"; }),
+                          files::as_string_of(merge[1], path, [&] { return field() + "[1]"; }));
     } else {
-      const std::string& text = files::as_string(merge, path, field);
+      const std::string& text = files::as_string_of(merge, path, field);
       const size_t space = text.find(' ');
-      DP_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos, path, ": ", field,
+      DP_CHECK(space != std::string::npos && text.find(' ', space + 1) == std::string::npos, path, ": ", field(),
                " must be two symbols separated by one space, got ", files::quoted(text));
       merges.emplace_back(text.substr(0, space), text.substr(space + 1));
     }

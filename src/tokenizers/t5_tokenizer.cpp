@@ -64,11 +64,11 @@ void T5Tokenizer::read_tokenizer_json(const std::string& path) {
   pieces_.reserve(vocab->size());
   for (size_t i = 0; i < vocab->size(); ++i) {
     const nlohmann::json& entry = (*vocab)[i];
-    const std::string field = str("model.vocab[", i, "]");
-    DP_CHECK(entry.is_array() && entry.size() == 2, path, ": ", field, " must be a [piece, score] pair, got ",
+    const auto field = [i] { return str("model.vocab[", i, "]"); };
+    DP_CHECK(entry.is_array() && entry.size() == 2, path, ": ", field(), " must be a [piece, score] pair, got ",
              files::describe(entry));
-    pieces_.push_back({files::as_string(entry[0], path, field + "[0]"),
-                       files::as_finite_number(entry[1], path, field + "[1]")});
+    pieces_.push_back({files::as_string_of(entry[0], path, [&] { return field() + "[0]"; }),
+                       files::as_finite_number_of(entry[1], path, [&] { return field() + "[1]"; })});
   }
 
   // The normalizer is one Precompiled normalizer or a Sequence holding one; other kinds are not applied.

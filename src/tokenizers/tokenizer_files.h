@@ -6,6 +6,7 @@
 // missing key, do not even throw.
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <new>
@@ -45,6 +46,34 @@ const nlohmann::json& as_array(const nlohmann::json& value, const std::string& p
 // A decimal integer written as text (added_tokens_decoder's keys), in [min, max].
 int64_t parse_integer(const std::string& text, int64_t min, int64_t max, const std::string& path,
                       const std::string& field);
+
+// The same checks for loops over tens of thousands of entries (vocabularies, merges): `field()` builds the
+// entry's name only when the entry is wrong; building it for every entry cost more than parsing the file.
+template <typename FieldName>
+const std::string& as_string_of(const nlohmann::json& value, const std::string& path, FieldName&& field) {
+  return value.is_string() ? value.get_ref<const std::string&>() : as_string(value, path, field());
+}
+template <typename FieldName>
+int64_t as_integer_of(const nlohmann::json& value, int64_t min, int64_t max, const std::string& path,
+                      FieldName&& field) {
+  if (value.is_number_integer() && !value.is_number_unsigned()) {
+    const int64_t number = value.get<int64_t>();
+    if (number >= min && number <= max) return number;
+  } else if (value.is_number_unsigned() && max >= 0) {
+    const uint64_t number = value.get<uint64_t>();
+    if (number <= static_cast<uint64_t>(max) && (min <= 0 || number >= static_cast<uint64_t>(min)))
+      return static_cast<int64_t>(number);
+  }
+  return as_integer(value, min, max, path, field());
+}
+template <typename FieldName>
+double as_finite_number_of(const nlohmann::json& value, const std::string& path, FieldName&& field) {
+  if (value.is_number()) {
+    const double number = value.get<double>();
+    if (std::isfinite(number)) return number;
+  }
+  return as_finite_number(value, path, field());
+}
 
 // A special token as transformers writes it: a string, or an AddedToken object with a "content" string.
 // The content must not be empty (an empty token would match everywhere without advancing).
