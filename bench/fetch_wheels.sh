@@ -12,4 +12,4 @@ rm -rf "$here/.whl" && mkdir -p "$here/.whl"
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$here/.whl" "$(pin diffusers)" "$(pin transformers)" "$(pin sentencepiece)" "$(pin protobuf)" "$(pin h5py)"
 rm -f "$here"/.whl/numpy-*.whl "$here"/.whl/pillow-*.whl
-echo "$(ls "$here/.whl" | wc -l) wheels, $(du -sh "$here/.whl" | cut -f1) in .whl/"
+echo "$(find "$here/.whl" -maxdepth 1 -name "*.whl" | wc -l) wheels, $(du -sh "$here/.whl" | cut -f1) in .whl/"

@@ -140,7 +140,7 @@ fi
 for transport in ${FULL_TRANSPORTS:-nccl mpi}; do
   if [ "$(left)" -lt 60 ]; then echo "full size over $transport skipped: $(left) s left"; continue; fi
   name="full-2-$transport"
-  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport $transport \
+  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport "$transport" \
     --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
     || { failed "$name exited non-zero"; grep -E "error|failed" "$work/$name.log" | head -6; }
   echo "$name logged: $(nccl_logged "$work/$name.log")"

@@ -27,6 +27,7 @@ work=/tmp/gpu_pipeline  # everything written here; $OUT gets the summary, the JS
 rm -rf "$work"
 mkdir -p "$out" "$work"
 exec > >(tee "$out/summary.txt") 2>&1
+# shellcheck disable=SC2317  # run by the EXIT trap
 pack() {
   cp "$work"/pipeline-*.json "$out/" 2>/dev/null
   cp "$work/pipeline-all-files/diffpipe.png" "$work/pipeline-all-files/diffusers.png" "$out/" 2>/dev/null

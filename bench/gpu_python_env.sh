@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the GPU scripts: installs the carried wheels (.whl/, see bench/fetch_wheels.sh) into
 # /tmp/site and puts it on PYTHONPATH. A wheel built for another Python than the image's is skipped with a
 # note (the image then has to provide that package itself).

@@ -93,19 +93,20 @@ check() {
     local tolerance=1e-5
     [ $dtype = bf16 ] && tolerance=3.2e-2
     local args=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 --height 128
-      --width 192 --steps 4 --dtype $dtype --device cuda --output-type latent --transport-timeout 60)
+      --width 192 --steps 4 --dtype "$dtype" --device cuda --output-type latent --transport-timeout 60)
     bounded "$bin" "${args[@]}" --out "$work/tiny-$dtype-1.h5" > "$work/tiny-$dtype-1.log" 2>&1 \
       || { failed "tiny $dtype, 1 rank"; tail -5 "$work/tiny-$dtype-1.log"; continue; }
     for spec in "2 nccl" "3 nccl" "2 mpi"; do
-      set -- $spec
-      [ $dtype = bf16 ] && [ $2 = mpi ] && continue
-      local name="tiny-$dtype-k$1-$2"
-      bounded mpirun --allow-run-as-root --oversubscribe -np $1 "$bin" "${args[@]}" --sequence-parallel $1 --transport $2 \
+      local k transport
+      read -r k transport <<< "$spec"
+      [ "$dtype" = bf16 ] && [ "$transport" = mpi ] && continue
+      local name="tiny-$dtype-k$k-$transport"
+      bounded mpirun --allow-run-as-root --oversubscribe -np "$k" "$bin" "${args[@]}" --sequence-parallel "$k" --transport "$transport" \
         --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
         || { failed "$name exited non-zero"; grep -E "error|failed|NCCL WARN" "$work/$name.log" | head -6; continue; }
-      grep -q "transport $2" "$work/$name.log" || failed "$name did not log transport $2"
-      [ $2 = nccl ] && { grep -q "NCCL 2.30.7" "$work/$name.log" || failed "$name did not load NCCL 2.30.7"; }
-      echo "tiny 12 heads, cuda $dtype, K = $1 on one GPU over $2:"
+      grep -q "transport $transport" "$work/$name.log" || failed "$name did not log transport $transport"
+      [ "$transport" = nccl ] && { grep -q "NCCL 2.30.7" "$work/$name.log" || failed "$name did not load NCCL 2.30.7"; }
+      echo "tiny 12 heads, cuda $dtype, K = $k on one GPU over $transport:"
       close "$work/tiny-$dtype-1.h5" "$work/$name.h5" $tolerance || failed "$name differs from 1 rank"
     done
   done
@@ -187,10 +188,11 @@ bench() {
   echo "bench: 1 GPU against K = 2, $placement; $gpus GPU(s)"
   printf '%-12s %6s %12s %12s %9s %18s %20s %20s\n' size steps "1 GPU ms" "K=2 ms" speed-up "a2a ms/step/rank" "sim 1 GPU" "sim K=2"
   for spec in "1024 1024 28" "768 1360 50"; do
-    set -- $spec
-    local h=$1 w=$2 steps=$3 size="${2}x${1}"
+    local h w steps
+    read -r h w steps <<< "$spec"
+    local size="${w}x${h}"
     [ "$(left)" -lt 70 ] && { echo "$size skipped: $(left) s left"; continue; }
-    local args=(generate --model "$model" --prompt "$prompt" --height $h --width $w --steps $steps --guidance 3.5
+    local args=(generate --model "$model" --prompt "$prompt" --height "$h" --width "$w" --steps "$steps" --guidance 3.5
       --dtype bf16 --device cuda --output-type latent)
     bounded "$bin" "${args[@]}" --out "$work/bench-$size-1.h5" --report-json "$work/bench-$size-1.steps.json" \
       > "$work/bench-$size-1.log" 2>&1 \
@@ -207,9 +209,9 @@ bench() {
 import glob, json
 ds = [json.load(open(p)) for p in sorted(glob.glob('$work/bench-$size-2.rank*.json'))]
 print('/'.join(f\"{d['all_to_all']['seconds'] / $steps * 1e3:.1f}\" for d in ds))" 2>/dev/null || echo "?")
-    printf '%-12s %6s %12s %12s %9s %18s %20s %20s\n' "$size" $steps "$one" "$two" "$speedup" "$a2a_ms" \
-      "$(simulated 1 1 $h $w $steps)" "$(simulated 2 2 $h $w $steps)"
-    a2a "$work/bench-$size-2" $steps
+    printf '%-12s %6s %12s %12s %9s %18s %20s %20s\n' "$size" "$steps" "$one" "$two" "$speedup" "$a2a_ms" \
+      "$(simulated 1 1 "$h" "$w" "$steps")" "$(simulated 2 2 "$h" "$w" "$steps")"
+    a2a "$work/bench-$size-2" "$steps"
     close "$work/bench-$size-1.h5" "$work/bench-$size-2.h5" 3.2e-2 > /dev/null || echo "  (note: K = 2 latents differ from 1 GPU beyond 3.2e-2 after $steps steps)"
     elapsed "bench $size"
     pack

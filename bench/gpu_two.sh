@@ -37,6 +37,7 @@ exec > >(tee -a "$out/summary-two.txt") 2>&1
 source "$here/bench/gpu_build.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_DEBUG=WARN
 budget=${BUDGET_S:-580}
+# shellcheck disable=SC2317  # run by the EXIT trap
 pack() { tar czf "$out/logs-two.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.h5' . 2>/dev/null; }
 trap pack EXIT
 parts=("$@")
