@@ -81,8 +81,9 @@ TEST_P(PipelineOracle, LatentsAndImagesMatchDiffusers) {
   EXPECT_EQ(grid.image_width(), c.images.size(2));
   EXPECT_EQ(grid.image_height() != request.height || grid.image_width() != request.width,
             c.spec["size_warned"].get<bool>());
-  if (c.spec["height"].is_null())
+  if (c.spec["height"].is_null()) {
     EXPECT_EQ(request.height, kDefaultSampleSize * c.spec["vae_scale_factor"].get<int64_t>());
+  }
   const auto prompts = flux.encode_prompts(request);
   at::Tensor latents = flux.initial_latents(request, grid);
   int steps_seen = 0;
