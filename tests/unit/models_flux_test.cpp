@@ -303,6 +303,26 @@ TEST(FluxTransformer, OffloadedBlocksStreamOnTheCpuAndComputeTheSameAsResident) 
   expect_streaming_equals_resident(at::kCPU);
 }
 
+// Streamed host copies keep their source's offset within a 64-byte line: MKL's one-row product sums in
+// another order by the weight's alignment (seen on an AMD EPYC: a 192x32 weight 4 bytes into a line against
+// one on a line, 1-4 ulps apart), and resident weights are views of the file at any 4-byte offset.
+TEST(FluxTransformer, HostCopiesKeepTheSourcesAlignment) {
+  const at::Tensor backing = at::randn({8192});
+  for (int64_t shift : {0, 1, 3, 7, 15, 16}) {
+    const at::Tensor source = backing.narrow(0, shift, 192 * 32).view({192, 32});
+    const at::Tensor copy = host_copy_keeping_alignment(source);
+    EXPECT_NE(copy.data_ptr(), source.data_ptr()) << "a copy, not the source";
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data_ptr()) % 64, reinterpret_cast<uintptr_t>(source.data_ptr()) % 64)
+        << "shift " << shift;
+    EXPECT_TRUE(at::equal(copy, source));
+    EXPECT_TRUE(copy.is_contiguous());
+    const at::Tensor x = at::randn({1, 32});
+    EXPECT_TRUE(at::equal(at::linear(x, copy), at::linear(x, source))) << "one-row product, shift " << shift;
+  }
+  EXPECT_TRUE(at::equal(host_copy_keeping_alignment(at::arange(6).view({2, 3}).t()), at::arange(6).view({2, 3}).t()))
+      << "a strided source is copied contiguous";
+}
+
 TEST(FluxTransformerCuda, OffloadedBlocksStreamToTheGpuAndComputeTheSameAsResident) {
   DP_TEST_NEED_CUDA();
   expect_streaming_equals_resident(at::Device(at::kCUDA, 0));

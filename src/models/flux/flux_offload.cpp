@@ -23,6 +23,25 @@ std::string block_key(const FluxConfig& config, int64_t block) {
 
 }  // namespace
 
+// A host copy that starts at the same offset within a 64-byte line as its source. CPU kernels choose their
+// path by alignment: MKL's one-row matrix-vector product (a microbatch of one through a block's modulation
+// Linear) sums in another order for a weight that starts 4 bytes into a line than for one on a line boundary.
+// Resident weights are views of the mapped file, at whatever offset the file puts them; a streamed block's
+// copy at the same offset computes the same bits.
+at::Tensor host_copy_keeping_alignment(const at::Tensor& source) {
+  constexpr int64_t kLine = 64;
+  const at::Tensor contiguous = source.contiguous();
+  const int64_t element = static_cast<int64_t>(contiguous.element_size());
+  const auto source_offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(contiguous.data_ptr()) % kLine);
+  if (contiguous.numel() == 0 || source_offset % element != 0) return contiguous.clone(at::MemoryFormat::Contiguous);
+  const at::Tensor buffer = at::empty({contiguous.numel() + kLine / element}, contiguous.options());
+  const auto buffer_offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffer.data_ptr()) % kLine);
+  const int64_t shift = ((source_offset - buffer_offset + kLine) % kLine) / element;
+  at::Tensor copy = buffer.narrow(0, shift, contiguous.numel()).view(contiguous.sizes());
+  copy.copy_(contiguous);
+  return copy;
+}
+
 // The device side of one slot: the order between its copy and the compute that reads it, and the copy's time.
 class SlotEvents {
  public:
@@ -70,7 +89,7 @@ class HostTarget final : public OffloadTarget {
  public:
   std::unique_ptr<SlotEvents> slot_events() override { return std::make_unique<HostSlotEvents>(); }
   at::Tensor keep(const at::Tensor& t) override { return t.contiguous(); }
-  at::Tensor copy_in(const at::Tensor& t) override { return t.clone(at::MemoryFormat::Contiguous); }
+  at::Tensor copy_in(const at::Tensor& t) override { return host_copy_keeping_alignment(t); }
   void on_copy_stream(const std::function<void()>& issue) override { issue(); }
 };
 

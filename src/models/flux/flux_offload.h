@@ -38,6 +38,11 @@ struct OffloadStats {
 };
 
 // How the blocks reach the device they run on (a CUDA GPU, or the host): flux_offload.cpp.
+// A copy of `source` in host memory of its own that starts at the same offset within a 64-byte line, so that
+// CPU kernels, which choose their path by alignment, give it the bits they give the source (a streamed block's
+// weights against the same weights resident as views of the mapped file).
+at::Tensor host_copy_keeping_alignment(const at::Tensor& source);
+
 class OffloadTarget;
 
 class OffloadedBlocks {
