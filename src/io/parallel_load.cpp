@@ -114,9 +114,13 @@ void check_cuda(cudaError_t status, const char* what) {
 
 // One CUDA reader: mapping -> pinned chunk (a host memcpy, the part that scales with threads) -> device on the
 // reader's own stream. Two chunks per reader let the next read run while the last copy is in flight.
-void stage_pieces(LoadJob& job, const at::Device& device) {
+// `allocated` was recorded on the stream the outputs were allocated on, after the allocation: the caching
+// allocator may have handed out memory that work queued on that stream still reads (a VAE loading in the
+// background takes blocks the denoising loop has just freed), so no copy starts before that work is done.
+void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated) {
   c10::cuda::CUDAGuard guard(device.index());
   const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
+  check_cuda(cudaStreamWaitEvent(stream.stream(), allocated, 0), "waiting for the outputs' stream");
   const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
   at::Tensor chunks[2] = {at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned),
                           at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned)};
@@ -151,11 +155,22 @@ void stage_pieces(LoadJob& job, const at::Device& device) {
 #endif
 
 void run_readers(LoadJob& job, const at::Device& device, bool host_copies, int threads) {
-  const auto reader = [&job, device, host_copies] {
+#ifdef DIFFPIPE_HAVE_CUDA
+  // Recorded after the outputs were allocated on this thread's current stream (see stage_pieces).
+  cudaEvent_t allocated = nullptr;
+  if (device.is_cuda()) {
+    check_cuda(cudaEventCreateWithFlags(&allocated, cudaEventDisableTiming), "cudaEventCreate");
+    const cudaError_t recorded =
+        cudaEventRecord(allocated, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    if (recorded != cudaSuccess) cudaEventDestroy(allocated);
+    check_cuda(recorded, "cudaEventRecord on the outputs' stream");
+  }
+#endif
+  const auto reader = [&] {
     try {
       if (device.is_cuda()) {
 #ifdef DIFFPIPE_HAVE_CUDA
-        stage_pieces(job, device);
+        stage_pieces(job, device, allocated);
 #endif
       } else {
         read_pieces_on_host(job, host_copies);
@@ -168,6 +183,9 @@ void run_readers(LoadJob& job, const at::Device& device, bool host_copies, int t
   for (int t = 1; t < threads; ++t) pool.emplace_back(reader);
   reader();  // the calling thread reads too
   for (auto& thread : pool) thread.join();
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (allocated != nullptr) cudaEventDestroy(allocated);
+#endif
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -12,6 +12,11 @@
 #include "core/error.h"
 #include "fixtures/random_model.h"
 #include "fixtures/tiny_pipeline.h"
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "io/load_budget.h"
 #include "io/parallel_load.h"
 #include "io/torch_tensors.h"
@@ -232,6 +237,42 @@ TEST(ParallelLoad, CudaBudgetBoundsDeviceMemoryUntilTheLift) {
   EXPECT_GE(load.loaded->figures().waited_seconds, 0.3);
   for (const auto& name : index.names())
     EXPECT_TRUE(same_bits(load.loaded->take(name, at::kFloat).cpu(), io::load_tensor(index, name, at::kFloat))) << name;
+}
+
+// Memory just freed on a stream may still be read by kernels queued there; the caching allocator hands it out
+// again at once to an allocation on the same stream. A load on that stream (the VAE loading in the background
+// while the loop denoises) must not copy into it before those kernels ran: a kernel queued behind a 1 s spin
+// reads a tensor that is freed, and the load takes its memory, before the spin ends.
+TEST(ParallelLoad, CudaCopiesWaitForWorkQueuedOnTheOutputsStream) {
+  DP_TEST_NEED_CUDA();
+#ifdef DIFFPIPE_HAVE_CUDA
+  const LoadThreads threads(4);
+  const std::string dir = write_sharded_transformer("parallel-load-cuda-reuse");
+  const auto index = io::WeightIndex::open_dir(dir);
+  const at::Device cuda(at::kCUDA, 0);
+  pipeline::synchronize(cuda);
+  c10::cuda::CUDACachingAllocator::emptyCache();  // the busy tensor's segment is then the small pool's only one
+  at::Tensor busy = at::full({128 * 1024}, 3.0, at::TensorOptions().device(cuda));  // 512 kB: the small pool
+  const auto busy_begin = reinterpret_cast<uintptr_t>(busy.data_ptr());
+  const auto busy_end = busy_begin + busy.nbytes();
+  pipeline::synchronize(cuda);
+  at::cuda::sleep(int64_t{2'000'000'000});  // about 1 s at the H200's clock
+  const at::Tensor doubled = busy * 2;        // reads busy after the spin
+  busy.reset();
+  const auto loaded = io::load_parallel(index, {}, cuda);
+  bool reused = false;
+  std::vector<std::pair<std::string, at::Tensor>> taken;
+  for (const auto& name : index.names()) {
+    at::Tensor t = loaded->take(name, at::kFloat);
+    const auto address = reinterpret_cast<uintptr_t>(t.data_ptr());
+    reused = reused || (address >= busy_begin && address < busy_end);
+    taken.emplace_back(name, std::move(t));
+  }
+  pipeline::synchronize(cuda);
+  EXPECT_TRUE(reused) << "the load did not take the freed tensor's memory: this test shows nothing";
+  EXPECT_TRUE(at::equal(doubled.cpu(), at::full({128 * 1024}, 6.0))) << "a copy overwrote memory a queued kernel read";
+  for (const auto& [name, t] : taken) EXPECT_TRUE(same_bits(t.cpu(), io::load_tensor(index, name, at::kFloat))) << name;
+#endif
 }
 
 // The GPU path: pinned chunks, copy streams, conversion on the device, against load_tensor's .to(cuda, dtype).
