@@ -192,9 +192,8 @@ LatentGrid FluxPipeline::resolve_image_size(GenerateRequest& request) const {
 
 PromptEmbeddings FluxPipeline::encode_prompts(const GenerateRequest& request) {
   StageTimer timer("encode", request.device, &reports_);
-  at::Tensor pooled = encode_clip_pooled(request, request.device, timer);
-  at::Tensor t5 = encode_t5(request, request.device, timer);
-  return expand_per_image(request, std::move(pooled), std::move(t5));
+  EncodedTexts encoded = encode_both(request, request.device, timer);
+  return expand_per_image(request, std::move(encoded.pooled), std::move(encoded.t5));
 }
 
 namespace {
@@ -215,7 +214,7 @@ at::Tensor encode_in_chunks(const std::vector<std::vector<int64_t>>& rows, const
 }  // namespace
 
 at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, const at::Device& device,
-                                            StageTimer& timer) {
+                                            StageTimer& timer, const std::function<void()>& after_load) {
   c10::InferenceMode guard;
   const auto texts = request.encode_texts();
   // The tokenizer reads its files (tens of milliseconds at CLIP's full vocabulary) while the weights load.
@@ -228,6 +227,7 @@ at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, cons
   const auto clip = timer.loading("CLIP load", [&] {
     return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, device, request.lora);
   });
+  if (after_load) after_load();
   const auto rows = timer.timed("CLIP tokenizer (the rest)", [&] { return tokenizing.get(); });
   return timer.timed("CLIP forward", [&] {
     int64_t first = 0;
@@ -242,10 +242,11 @@ at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, cons
   });
 }  // CLIP released here
 
-at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer) {
-  c10::InferenceMode guard;
+FluxPipeline::T5Start FluxPipeline::start_t5(const GenerateRequest& request, const at::Device& device,
+                                              bool load_weights) const {
+  T5Start start;
   // As for CLIP: the tokenizer works while the weights load (and the warm-up runs).
-  auto tokenizing = std::async(std::launch::async, [&] {
+  start.tokens = std::async(std::launch::async, [this, &request] {
     const auto tokenizer = tokenizers::T5Tokenizer::from_folder(folder_.component("tokenizer_2").path);
     std::vector<std::vector<int64_t>> ids;
     for (const auto& text : request.encode_texts()) ids.push_back(tokenizer.encode_padded(text.text, request.max_sequence_length));
@@ -253,13 +254,12 @@ at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Dev
   });
   // On CUDA, T5's first forward would load its kernels and create its handles: done on a thread while the
   // weights stream, with one block of zeros at the run's shape.
-  std::future<void> warming;
   if (device.is_cuda() && encoder_warm_up_enabled()) {
     const std::string config_path = folder_.component("text_encoder_2").path + "/config.json";
     const auto config = models::T5Config::from_json(read_json_file(config_path), config_path);
     const auto rows = std::min<int64_t>(static_cast<int64_t>(request.encode_texts().size()), kEncodeChunk);
-    warming = std::async(std::launch::async, [config, rows, device, dtype = request.dtype,
-                                              seq = static_cast<int64_t>(request.max_sequence_length)] {
+    start.warming = std::async(std::launch::async, [config, rows, device, dtype = request.dtype,
+                                                    seq = static_cast<int64_t>(request.max_sequence_length)] {
       c10::OptionalDeviceGuard device_guard(device);
       try {
         const double seconds = models::T5Encoder::warm_up(config, dtype, device, rows, seq);
@@ -271,15 +271,53 @@ at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Dev
       }
     });
   }
-  const auto t5 = timer.loading("T5 load", [&] {
-    return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype, device);
-  });
-  if (warming.valid()) timer.timed("T5 warm-up (the rest)", [&] { warming.get(); return 0; });
-  const auto rows = timer.timed("T5 tokenizer (the rest)", [&] { return tokenizing.get(); });
+  if (load_weights) {
+    start.weights = std::async(std::launch::async, [this, device, dtype = request.dtype] {
+      c10::InferenceMode inference;  // per thread, as is the device guard
+      c10::OptionalDeviceGuard device_guard(device);
+      return models::T5Encoder::load(folder_.component("text_encoder_2").path, dtype, device);
+    });
+  }
+  return start;
+}
+
+at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer) {
+  return finish_t5(request, device, timer, start_t5(request, device, false));
+}
+
+at::Tensor FluxPipeline::finish_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer,
+                                   T5Start start) {
+  c10::InferenceMode guard;
+  const auto t5 = start.weights.valid()
+                      ? timer.loading("T5 load (the rest: it loaded beside CLIP)", [&] { return start.weights.get(); })
+                      : timer.loading("T5 load", [&] {
+                          return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype,
+                                                         device);
+                        });
+  if (start.warming.valid()) timer.timed("T5 warm-up (the rest)", [&] { start.warming.get(); return 0; });
+  const auto rows = timer.timed("T5 tokenizer (the rest)", [&] { return start.tokens.get(); });
   return timer.timed("T5 forward", [&] {
     return encode_in_chunks(rows, device, [&](const at::Tensor& ids) { return t5.forward(ids); });
   });
 }  // T5 released here
+
+FluxPipeline::EncodedTexts FluxPipeline::encode_both(const GenerateRequest& request, const at::Device& device,
+                                                     StageTimer& timer) {
+  EncodedTexts out;
+  if (!device.is_cuda()) {
+    // On the CPU the two would share the same cores (and the CPU kernels' sums depend on the threads they get).
+    out.pooled = encode_clip_pooled(request, device, timer);
+    out.t5 = encode_t5(request, device, timer);
+    return out;
+  }
+  // On CUDA, CLIP's forward is the process's first GEMMs and kernels (0.6-1.4 s of first-use cost on an H200,
+  // bench/RESULTS.md 2026-12-05): T5's weights are read meanwhile, once CLIP's own are in.
+  std::optional<T5Start> t5;
+  out.pooled = encode_clip_pooled(request, device, timer, [&] { t5.emplace(start_t5(request, device, true)); });
+  if (!t5) t5.emplace(start_t5(request, device, true));
+  out.t5 = finish_t5(request, device, timer, std::move(*t5));
+  return out;
+}
 
 PromptEmbeddings FluxPipeline::expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5) {
   const auto texts = static_cast<int64_t>(request.encode_texts().size());

@@ -7,11 +7,13 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <future>
 #include <string>
 #include <vector>
 
 #include "io/model_folder.h"
 #include "models/lora.h"
+#include "models/t5/t5_encoder.h"
 #include "models/vae/vae.h"
 #include "pipeline/denoise_loop.h"
 #include "pipeline/latent_layout.h"
@@ -134,8 +136,16 @@ class FluxPipeline {
   // prompts file of hundreds holds one chunk's activations on the device, not all of them.
   static constexpr int64_t kEncodeChunk = 16;
   // Their parts are timed within `timer`, the encode stage of whichever rank runs them.
-  at::Tensor encode_clip_pooled(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
+  // `after_load` runs once CLIP's weights are in, before its forward (encode_both starts T5 there).
+  at::Tensor encode_clip_pooled(const GenerateRequest& request, const at::Device& device, StageTimer& timer,
+                                const std::function<void()>& after_load = nullptr);
   at::Tensor encode_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
+  // Both on one device, with the same results: on CUDA, T5's weights load on a thread while CLIP's forward runs.
+  struct EncodedTexts {
+    at::Tensor pooled;  // CLIP's
+    at::Tensor t5;
+  };
+  EncodedTexts encode_both(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
   // The rows of encode_texts() (pooled from CLIP, t5 from T5) as one row per image: each prompt's repeated
   // num_images_per_prompt times in a row, as diffusers' repeat + view does, and the same for the negatives.
   static PromptEmbeddings expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5);
@@ -165,6 +175,15 @@ class FluxPipeline {
   std::vector<StageReport>* report_sink() { return &reports_; }
 
  private:
+  // T5's work that can start before its forward: the tokenizer, the warm-up (CUDA) and, when asked, the weights.
+  struct T5Start {
+    std::future<std::vector<std::vector<int64_t>>> tokens;
+    std::future<void> warming;
+    std::future<models::T5Encoder> weights;  // invalid: finish_t5 loads them
+  };
+  T5Start start_t5(const GenerateRequest& request, const at::Device& device, bool load_weights) const;
+  at::Tensor finish_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer, T5Start start);
+
   io::ModelFolder folder_;
   std::vector<StageReport> reports_;
 };

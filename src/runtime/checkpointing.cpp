@@ -158,8 +158,9 @@ pipeline::PromptEmbeddings encode_prompts_cached(pipeline::FluxPipeline& flux, c
   at::Tensor pooled, t5;
   {
     pipeline::StageTimer timer("encode", request.device, flux.report_sink());
-    pooled = flux.encode_clip_pooled(request, request.device, timer);
-    t5 = flux.encode_t5(request, request.device, timer);
+    auto encoded = flux.encode_both(request, request.device, timer);
+    pooled = std::move(encoded.pooled);
+    t5 = std::move(encoded.t5);
   }
   size_t added = 0;
   for (size_t i = 0; i < texts.size(); ++i) {

@@ -66,13 +66,25 @@ EncodedPrompts encode_phase(RunContext& run) {
   std::optional<pipeline::StageTimer> timer;
   if (world.is_coordinator() || world.rank() == components.clip.rank || world.rank() == components.t5.rank)
     timer.emplace("encode", run.device, run.flux.report_sink());
-  if (world.rank() == components.clip.rank) {
-    encoded.pooled = run.flux.encode_clip_pooled(run.request, components.clip.device(run.device), *timer);
-    if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.pooled, kClipCode);
-  }
-  if (world.rank() == components.t5.rank) {
-    encoded.t5_rows = run.flux.encode_t5(run.request, components.t5.device(run.device), *timer);
-    if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
+  // Both encoders on this rank's one device: T5's weights may load during CLIP's forward (encode_both).
+  const bool both_here = world.rank() == components.clip.rank && world.rank() == components.t5.rank;
+  if (both_here && components.clip.device(run.device) == components.t5.device(run.device)) {
+    auto texts = run.flux.encode_both(run.request, components.clip.device(run.device), *timer);
+    encoded.pooled = std::move(texts.pooled);
+    encoded.t5_rows = std::move(texts.t5);
+    if (!world.is_coordinator()) {
+      send_embeddings(*run.transport, encoded.pooled, kClipCode);
+      send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
+    }
+  } else {
+    if (world.rank() == components.clip.rank) {
+      encoded.pooled = run.flux.encode_clip_pooled(run.request, components.clip.device(run.device), *timer);
+      if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.pooled, kClipCode);
+    }
+    if (world.rank() == components.t5.rank) {
+      encoded.t5_rows = run.flux.encode_t5(run.request, components.t5.device(run.device), *timer);
+      if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
+    }
   }
   if (world.is_coordinator()) {
     const std::string config_path = run.transformer_dir + "/config.json";
