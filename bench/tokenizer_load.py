@@ -22,20 +22,12 @@ import subprocess
 import sys
 import time
 
+# The oracle's own helpers: CLIP's byte symbols and T5's tokenizer_config.json.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "reference"))
+from cases_tokenizers import byte_symbols, write_t5_config  # noqa: E402
+
 PROMPT = ("a photograph of an astronaut riding a horse across a frozen lake at dawn, ultra detailed, 35mm, "
           "soft light, mist rising from the ice, mountains in the distance")
-
-
-def byte_symbols() -> list:
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return [table[b] for b in range(256)]
 
 
 def write_clip(folder: pathlib.Path, merge_count: int = 48894, seed: int = 0) -> None:
@@ -87,10 +79,7 @@ def write_t5(folder: pathlib.Path, work: pathlib.Path) -> None:
     spiece_dir = work / "t5_spiece"
     spiece_dir.mkdir(exist_ok=True)
     (spiece_dir / "spiece.model").write_bytes((work / "spiece.model").read_bytes())
-    config = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "extra_ids": 100,
-              "additional_special_tokens": [f"<extra_id_{i}>" for i in range(100)], "model_max_length": 512,
-              "legacy": True, "tokenizer_class": "T5Tokenizer"}
-    (spiece_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    write_t5_config(spiece_dir)
     T5TokenizerFast.from_pretrained(str(spiece_dir)).save_pretrained(str(folder))
 
 

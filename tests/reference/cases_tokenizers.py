@@ -134,6 +134,11 @@ def write_t5_spiece_folder(folder: pathlib.Path, prompts: list) -> None:
                                    character_coverage=0.995, normalization_rule_name="nmt_nfkc",
                                    hard_vocab_limit=False, minloglevel=2, num_threads=1, seed_sentencepiece_size=5000)
     (folder / "spiece.model").write_bytes(model.getvalue())
+    write_t5_config(folder)
+
+
+def write_t5_config(folder: pathlib.Path) -> None:
+    """tokenizer_config.json beside a spiece.model, as FLUX.1-dev's tokenizer_2 has it (100 extra ids)."""
     config = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "extra_ids": 100,
               "additional_special_tokens": [f"<extra_id_{i}>" for i in range(100)], "model_max_length": 512,
               "legacy": True, "tokenizer_class": "T5Tokenizer"}
