@@ -74,8 +74,9 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--max-memory", o.runtime.max_memory,
                  "memory per device for planning, as `plan` takes it (0=16GB,1=16GB,cpu=64GB or a JSON file)");
   cmd.add_option("--load-overlap", o.runtime.load_overlap,
-                 "load this rank's transformer blocks on a thread while its text encoders run: on, off, or auto "
-                 "(today the staged order: overlapping measured slower on an H200; the log says which and why)")
+                 "load this rank's transformer blocks on a thread while its text encoders run, within the staged "
+                 "order's peak memory: on, off, or auto (the staged order: the overlap measured no faster on an "
+                 "H200; the log says which and why)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd.add_flag("--no-warm-up", o.no_warm_up,
