@@ -84,15 +84,15 @@ fi
 if [ "$side" != diffusers ] && enough 45; then
   bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
     --json "$work/pipeline-overlap.json" --only diffpipe --diffpipe-args "--load-overlap on" "$@" 2>&1 \
-    | tee "$work/pipeline-overlap.log" | grep -E "process wall|Done when|^one image|first step|steady|peak|loading|encode"
+    | tee "$work/pipeline-overlap.log" | grep -E "process wall|^  (start|main|the run|outputs)|Done when|^one image|first step|steady|peak|loading|encode"
   elapsed "overlapped load (--load-overlap on) finished"
 fi
 
 # The staged order again, after the overlap: the two orders measured both ways round.
 if [ "$side" != diffusers ] && enough 45; then
   bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
-    --json "$work/pipeline-staged.json" --only diffpipe --diffpipe-args "--load-overlap off" "$@" 2>&1 \
-    | tee "$work/pipeline-staged.log" | grep -E "process wall|Done when|^one image|first step|steady|peak|loading|encode"
+    --json "$work/pipeline-staged.json" --only diffpipe --diffpipe-args "--load-overlap off --log-level debug" "$@" 2>&1 \
+    | tee "$work/pipeline-staged.log" | grep -E "process wall|^  (start|main|the run|outputs)|Done when|^one image|first step|steady|peak|loading|encode"
   elapsed "staged order again (--load-overlap off) finished"
 fi
 

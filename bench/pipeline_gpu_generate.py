@@ -252,6 +252,24 @@ def print_loads(ours) -> list:
     return loads
 
 
+def print_process_wall(ours) -> dict:
+    """diffpipe's process wall in the parts no stage timer sees: start to main() (shared libraries), main() to the
+    run's start (options, folder checks), the run, and the outputs on disk to the process's end (teardown)."""
+    to_main, to_outputs = ours.get("process_start_to_main_seconds"), ours.get("process_start_to_outputs_seconds")
+    if to_main is None or to_outputs is None or to_main < 0:
+        return {}
+    wall, total = ours["process_wall_seconds"], ours["total_seconds"]
+    parts = {"start to main() (LibTorch, CUDA libraries)": to_main,
+             "main() to the run (options, checks)": to_outputs - total - to_main,
+             "the run (encode, denoise, decode, PNG)": total,
+             "outputs on disk to exit (teardown)": wall - to_outputs}
+    print("\ndiffpipe process wall, where it goes (10 ms resolution)")
+    for name, seconds in parts.items():
+        print(f"  {name:46}{seconds:8.2f} s")
+    print(f"  {'process wall':46}{wall:8.2f} s")
+    return parts
+
+
 def print_done_when(ours, theirs, psnr_db) -> list:
     """Issue 25's "Done when" figures against their targets (figures only: nothing passes or fails here)."""
     loads = print_loads(ours)
@@ -321,6 +339,7 @@ def main() -> int:
         result["image_psnr_db"] = psnr(work / "diffpipe.png", work / "diffusers.png")
         print(f"image PSNR diffpipe vs diffusers: {fmt(result['image_psnr_db'], '.1f')} dB")
     if ours:
+        result["process_wall_parts"] = print_process_wall(ours)
         result["done_when"] = print_done_when(ours, theirs, result.get("image_psnr_db"))
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {out}")

@@ -23,6 +23,7 @@
 #include "core/json_file.h"
 #include "core/log.h"
 #include "core/output_policy.h"
+#include "core/process_clock.h"
 #include "io/checkpoint_dir.h"
 #include "io/hdf5_latents.h"
 #include "io/hub_cache.h"
@@ -61,6 +62,9 @@ void write_report_json(const GenerateOptions& o, const std::string& dtype, const
                         {"steps", request.steps},
                         {"batch", request.batch()},
                         {"total_seconds", total_seconds},
+                        // Process start to main() (LibTorch's and CUDA's libraries), and to the outputs on disk.
+                        {"process_start_to_main_seconds", age_at_main_seconds()},
+                        {"process_start_to_outputs_seconds", process_age_seconds()},
                         {"stages", nlohmann::json::array()}};
   for (const auto& s : stages)
     doc["stages"].push_back({{"name", s.name},
@@ -308,6 +312,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "timing summary (" << std::fixed << std::setprecision(2) << total << " s total):\n";
+  if (age_at_main_seconds() >= 0)
+    std::cout << "  startup  " << std::setw(9) << age_at_main_seconds()
+              << " s   (process start to main(): loading LibTorch's and CUDA's libraries)\n";
   for (const auto& stage : flux.reports()) {
     std::cout << "  " << std::left << std::setw(8) << stage.name << std::right << std::setw(9) << stage.seconds
               << " s   (loading " << std::setw(6) << stage.load_seconds << " s)   peak RSS "

@@ -15,6 +15,7 @@
 #include "core/exit_codes.h"
 #include "core/suggest.h"
 #include "core/log.h"
+#include "core/process_clock.h"
 
 namespace dp::cli {
 
@@ -156,6 +157,8 @@ std::string torch_binary_path() {
 }  // namespace dp::cli
 
 int main(int argc, char** argv) {
+  // Before anything else: how long the process took to reach main() (shared libraries, static initialisers).
+  dp::mark_main_entered();
   // Ctrl-C, kill or a closed terminal during a write removes the half-written temporary (core/atomic_file.h).
   dp::install_partial_file_cleanup();
   using dp::cli::registered_commands;

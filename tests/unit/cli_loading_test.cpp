@@ -82,6 +82,12 @@ TEST(GenerateLoading, ReportStatesLoadRatesPageCacheAndFirstStep) {
   EXPECT_GT(report["first_step_ratio"].get<double>(), 0) << report.dump(2);
   EXPECT_GT(report["steady_step_seconds"].get<double>(), 0) << report.dump(2);
   EXPECT_TRUE(contains(r.output, "% was in the page cache before")) << r.output;
+  // The process wall's parts no stage sees: start to main(), and to the outputs on disk.
+  const double to_main = report["process_start_to_main_seconds"].get<double>();
+  const double to_outputs = report["process_start_to_outputs_seconds"].get<double>();
+  EXPECT_GE(to_main, 0) << report.dump(2);
+  EXPECT_GE(to_outputs, to_main + report["total_seconds"].get<double>() - 0.02) << report.dump(2);  // 10 ms ticks
+  EXPECT_TRUE(contains(r.output, "(process start to main(): loading LibTorch's and CUDA's libraries)")) << r.output;
 }
 
 }  // namespace
