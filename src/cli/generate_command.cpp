@@ -347,6 +347,8 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
       check_world_size(*o, world);
       run_reporting_torch_errors([&] { generate_on_this_rank(*o); });
     });
+    // The images, latents, checkpoints and reports are closed on disk: the teardown is not the user's wait.
+    runtime::World::end_process_after_success(command_exit_code());
   });
 });
 

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 #include <map>
 #include <memory>
@@ -302,6 +304,16 @@ std::string World::mpi_version() const {
 
 void World::abort(int code) const {
   if (uses_mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+void World::end_process_after_success(int code) {
+  const char* full = std::getenv("DIFFPIPE_FULL_TEARDOWN");
+  if (full != nullptr && std::string(full) == "1") return;
+  g_world.reset();  // MPI_Finalize, when MPI runs
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
   std::_Exit(code);
 }
 
