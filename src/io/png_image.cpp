@@ -2,6 +2,7 @@
 
 #include <png.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -10,9 +11,12 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "io/png_idat.h"
 
 namespace dp::io {
 namespace {
+
+constexpr size_t kIdatChunkBytes = 1 << 20;  // any size up to 2^31-1 is valid; readers stream them alike
 
 struct File {
   FILE* handle = nullptr;
@@ -62,9 +66,12 @@ void write_png_rgb(const std::string& path, const std::vector<uint8_t>& pixels, 
       }
       if (!chunks.empty()) png_set_text(png, info, chunks.data(), static_cast<int>(chunks.size()));
       png_write_info(png, info);
-      for (int y = 0; y < height; ++y)
-        png_write_row(png, const_cast<png_bytep>(pixels.data() + static_cast<size_t>(y) * width * 3));
-      png_write_end(png, nullptr);
+      // The image data comes compressed on every core (io/png_idat.h); libpng frames it as IDAT chunks.
+      const std::vector<uint8_t> data = png_rgb_image_data(pixels, width, height);
+      for (size_t at = 0; at < data.size(); at += kIdatChunkBytes)
+        png_write_chunk(png, reinterpret_cast<png_const_bytep>("IDAT"), data.data() + at,
+                        std::min(kIdatChunkBytes, data.size() - at));
+      png_write_chunk(png, reinterpret_cast<png_const_bytep>("IEND"), nullptr, 0);
     } catch (const std::exception& e) {
       const int saved = errno;  // libpng says "Write Error"; the cause is in errno
       png_destroy_write_struct(&png, &info);

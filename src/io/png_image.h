@@ -1,5 +1,6 @@
 #pragma once
-// 8-bit RGB PNG output through libpng.
+// 8-bit RGB PNG output: libpng writes the header and text chunks, the image data is compressed on every core
+// (io/png_idat.h).
 #include <cstdint>
 #include <string>
 #include <vector>
