@@ -242,8 +242,29 @@ at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, cons
   });
 }  // CLIP released here
 
+void FluxPipeline::start_encoder_warm_up(const GenerateRequest& request, const at::Device& device) {
+  if (!device.is_cuda() || encoder_warm_up_.valid()) return;
+  const auto rows = std::min<int64_t>(static_cast<int64_t>(request.encode_texts().size()), kEncodeChunk);
+  encoder_warm_up_ = std::async(std::launch::async, [folder = folder_, rows, device, dtype = request.dtype,
+                                                     seq = static_cast<int64_t>(request.max_sequence_length)] {
+    c10::OptionalDeviceGuard device_guard(device);
+    try {
+      const std::string clip_path = folder.component("text_encoder").path + "/config.json";
+      const std::string t5_path = folder.component("text_encoder_2").path + "/config.json";
+      const auto clip = models::ClipTextConfig::from_json(read_json_file(clip_path), clip_path);
+      const auto t5 = models::T5Config::from_json(read_json_file(t5_path), t5_path);
+      const double clip_seconds = models::ClipTextModel::warm_up(clip, dtype, device, rows);
+      const double t5_seconds = models::T5Encoder::warm_up(t5, dtype, device, rows, seq);
+      DP_INFO("text encoders: warmed up CLIP's forward in ", std::fixed, std::setprecision(3), clip_seconds,
+              " s, then T5's in ", t5_seconds, " s, beside the run's checks and loading");
+    } catch (const std::exception& e) {
+      DP_DEBUG("text encoders: early warm-up stopped, their first forwards pay the first-use cost: ", e.what());
+    }
+  });
+}
+
 FluxPipeline::T5Start FluxPipeline::start_t5(const GenerateRequest& request, const at::Device& device,
-                                              bool load_weights) const {
+                                              bool load_weights) {
   T5Start start;
   // As for CLIP: the tokenizer works while the weights load (and the warm-up runs).
   start.tokens = std::async(std::launch::async, [this, &request] {
@@ -254,7 +275,9 @@ FluxPipeline::T5Start FluxPipeline::start_t5(const GenerateRequest& request, con
   });
   // On CUDA, T5's first forward would load its kernels and create its handles: done on a thread while the
   // weights stream, with one block of zeros at the run's shape.
-  if (device.is_cuda() && encoder_warm_up_enabled()) {
+  if (encoder_warm_up_.valid()) {
+    start.warming = std::move(encoder_warm_up_);  // T5's part of it is what its forward needs
+  } else if (device.is_cuda() && encoder_warm_up_enabled()) {
     const std::string config_path = folder_.component("text_encoder_2").path + "/config.json";
     const auto config = models::T5Config::from_json(read_json_file(config_path), config_path);
     const auto rows = std::min<int64_t>(static_cast<int64_t>(request.encode_texts().size()), kEncodeChunk);

@@ -146,6 +146,13 @@ class FluxPipeline {
     at::Tensor t5;
   };
   EncodedTexts encode_both(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
+  // On CUDA the text encoders' first forwards pay the process's first-use cost (kernel modules, cuBLAS and cuDNN
+  // handles): 0.6-0.9 s of CLIP's and T5's forwards on an H200 (bench/RESULTS.md, 2026-12-05). Called as soon as
+  // the device is known, this runs CLIP's and then T5's forward on zero weights at the request's shapes on a
+  // thread, while the run's checks and the weights' reading go on; the real forwards then find that work done
+  // (start_t5 takes the thread over, and T5's forward waits for it). Nothing happens off CUDA. A failure only
+  // logs: the real forwards report what is wrong, if anything is.
+  void start_encoder_warm_up(const GenerateRequest& request, const at::Device& device);
   // The rows of encode_texts() (pooled from CLIP, t5 from T5) as one row per image: each prompt's repeated
   // num_images_per_prompt times in a row, as diffusers' repeat + view does, and the same for the negatives.
   static PromptEmbeddings expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5);
@@ -181,11 +188,12 @@ class FluxPipeline {
     std::future<void> warming;
     std::future<models::T5Encoder> weights;  // invalid: finish_t5 loads them
   };
-  T5Start start_t5(const GenerateRequest& request, const at::Device& device, bool load_weights) const;
+  T5Start start_t5(const GenerateRequest& request, const at::Device& device, bool load_weights);
   at::Tensor finish_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer, T5Start start);
 
   io::ModelFolder folder_;
   std::vector<StageReport> reports_;
+  std::future<void> encoder_warm_up_;  // start_encoder_warm_up's thread, until start_t5 takes it
 };
 
 }  // namespace dp::pipeline

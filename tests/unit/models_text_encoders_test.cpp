@@ -83,6 +83,21 @@ TEST(ClipTextModel, TextModelPrefixedCheckpointLoads) {
 }
 TEST(ClipTextModel, EosIdConfigMatchesTransformersFp32) { check_clip("clip_eos_id", "model", at::kFloat, kFp32Tolerance); }
 
+// As T5's: the warm-up runs the forward's code on one layer of zeros, and a loaded model's output is the same
+// before and after it.
+TEST(ClipTextModel, WarmUpRunsTheForwardAndChangesNothing) {
+  for (const char* case_name : {"clip_legacy_eos", "clip_eos_id"}) {
+    const OracleCase oracle(case_name);
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const auto model = ClipTextModel::load(oracle.path("model"), dtype, at::kCPU);
+      const at::Tensor ids = oracle.tensor_as_stored("input_ids");
+      const at::Tensor before = model.forward(ids).pooled_output;
+      EXPECT_GT(ClipTextModel::warm_up(model.config(), dtype, at::kCPU, 2), 0.0) << case_name;
+      EXPECT_TRUE(at::equal(model.forward(ids).pooled_output, before)) << case_name << " " << dtype;
+    }
+  }
+}
+
 TEST(ClipTextModel, RejectsBadInput) {
   const OracleCase oracle("clip_eos_id");
   const auto model = ClipTextModel::load(oracle.path("model"), at::kFloat, at::kCPU);

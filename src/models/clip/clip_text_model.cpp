@@ -2,6 +2,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -62,6 +63,37 @@ ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, 
   }
   model.final_layer_norm_ = LayerNorm::load(root, "final_layer_norm", d, c.layer_norm_eps);
   return model;
+}
+
+double ClipTextModel::warm_up(const ClipTextConfig& c, at::ScalarType dtype, at::Device device, int64_t batch) {
+  c10::InferenceMode inference;
+  const auto started = std::chrono::steady_clock::now();
+  ClipTextModel model;
+  model.config_ = c;
+  model.dtype_ = dtype;
+  model.device_ = device;
+  model.activation_ = text_encoder_activation(c.hidden_act, "CLIP warm-up");
+  const auto zeros = [&](std::vector<int64_t> shape) { return at::zeros(shape, at::TensorOptions().dtype(dtype).device(device)); };
+  const int64_t d = c.hidden_size, inner = c.intermediate_size;
+  // Token 0 only: the embedding lookup runs, without a vocabulary-sized table.
+  model.token_embedding_ = zeros({1, d});
+  model.position_embedding_ = zeros({c.max_position_embeddings, d});
+  const auto norm = [&] { return LayerNorm{zeros({d}), zeros({d}), c.layer_norm_eps}; };
+  const auto linear = [&](int64_t in, int64_t out) { return Linear{zeros({out, in}), zeros({out}), nullptr}; };
+  EncoderLayer layer;
+  layer.layer_norm1 = norm();
+  layer.q_proj = linear(d, d);
+  layer.k_proj = linear(d, d);
+  layer.v_proj = linear(d, d);
+  layer.out_proj = linear(d, d);
+  layer.layer_norm2 = norm();
+  layer.fc1 = linear(d, inner);
+  layer.fc2 = linear(inner, d);
+  model.layers_.push_back(std::move(layer));
+  model.final_layer_norm_ = norm();
+  const at::Tensor ids = at::zeros({batch, c.max_position_embeddings}, at::TensorOptions().dtype(at::kLong));
+  (void)model.forward(ids).pooled_output.sum().item<float>();  // waits for the device
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
 void ClipTextModel::select_adapters(const std::vector<int64_t>& choice_per_row) const {

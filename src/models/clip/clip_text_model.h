@@ -35,6 +35,10 @@ class ClipTextModel {
   // input_ids: integer (B, S) with S <= max_position_embeddings, on any device. No padding mask is applied:
   // FluxPipeline passes none, so padded positions attend causally like any other token.
   Output forward(const at::Tensor& input_ids) const;
+  // Runs the forward once on one layer of zero weights at (batch, max_position_embeddings), so that a later real
+  // forward finds its kernels loaded and its handles made (the first forward on CUDA pays for both). Returns the
+  // seconds it took, device work included.
+  static double warm_up(const ClipTextConfig& config, at::ScalarType dtype, at::Device device, int64_t batch);
 
   const ClipTextConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }
