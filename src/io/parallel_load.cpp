@@ -112,7 +112,7 @@ void check_cuda(cudaError_t status, const char* what) {
   DP_CHECK(status == cudaSuccess, what, " failed: ", cudaGetErrorString(status));
 }
 
-// One CUDA reader: mapping -> pinned chunk (a host memcpy, the part that scales with threads) -> device on the
+// One CUDA reader: file -> pinned chunk (pread, the part that scales with threads) -> device on the
 // reader's own stream. Two chunks per reader let the next read run while the last copy is in flight.
 // `allocated` was recorded on the stream the outputs were allocated on, after the allocation: the caching
 // allocator may have handed out memory that work queued on that stream still reads (a VAE loading in the
@@ -136,8 +136,9 @@ void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated)
       current = &job.pieces[i];
       const int slot = static_cast<int>(count++ % 2);
       if (in_flight[slot]) check_cuda(cudaEventSynchronize(copied[slot]), "waiting for a staging copy");
-      const std::byte* source = job.files[current->tensor]->data(*job.infos[current->tensor]) + current->offset;
-      std::memcpy(chunks[slot].data_ptr(), source, current->size);
+      // pread, not a copy out of the mapping: no page of it gets mapped (SafetensorsFile::read).
+      job.files[current->tensor]->read(*job.infos[current->tensor], current->offset, current->size,
+                                       chunks[slot].data_ptr());
       auto* target = static_cast<std::byte*>(job.outputs[current->tensor].data_ptr()) + current->offset;
       check_cuda(cudaMemcpyAsync(target, chunks[slot].data_ptr(), current->size, cudaMemcpyHostToDevice, stream.stream()),
                  "cudaMemcpyAsync to the device");

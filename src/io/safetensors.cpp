@@ -254,12 +254,15 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   DP_CHECK(map != MAP_FAILED, path, ": mmap of ", file_size, " bytes failed: ", std::strerror(errno));
   result->map_ = map;
   result->map_size_ = file_size;
+  result->fd_ = file.fd;  // kept for read(): the same file as the mapping, even if the path is replaced later
+  file.fd = -1;
   result->header_ = parse_safetensors_image(std::string_view(static_cast<const char*>(map), file_size), path);
   return result;
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, map_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 const TensorInfo& SafetensorsFile::at(std::string_view name) const {
@@ -270,6 +273,21 @@ const TensorInfo& SafetensorsFile::at(std::string_view name) const {
 
 const std::byte* SafetensorsFile::data(const TensorInfo& info) const {
   return static_cast<const std::byte*>(map_) + header_.data_offset() + info.begin;
+}
+
+void SafetensorsFile::read(const TensorInfo& info, uint64_t offset, uint64_t size, void* out) const {
+  DP_CHECK(offset <= info.nbytes() && size <= info.nbytes() - offset, path_, ": bytes [", offset, ", ", offset + size,
+           ") are outside a tensor of ", info.nbytes(), " bytes");
+  const uint64_t start = header_.data_offset() + info.begin + offset;
+  auto* bytes = static_cast<char*>(out);
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t got = ::pread(fd_, bytes + done, size - done, static_cast<off_t>(start + done));
+    if (got < 0 && errno == EINTR) continue;
+    DP_CHECK(got > 0, path_, ": read failed at byte ", start + done, ": ",
+             got == 0 ? "the file ends there (truncated after its header was read)" : std::strerror(errno));
+    done += static_cast<uint64_t>(got);
+  }
 }
 
 }  // namespace dp::io

@@ -63,6 +63,11 @@ class SafetensorsFile {
   const TensorInfo* find(std::string_view name) const { return header_.find(name); }
   const TensorInfo& at(std::string_view name) const;  // throws naming file and tensor
   const std::byte* data(const TensorInfo& info) const;
+  // Bytes [offset, offset + size) of `info`'s data copied into `out` with pread, from the file the mapping was
+  // made of (its descriptor stays open). Unlike reading through data(), this maps no page into the process:
+  // the CUDA loader stages 34 GB this way, where faulting the mapping in cost page-table work both while
+  // reading and at exit (bench/RESULTS.md). Throws naming the file and the byte on a short read.
+  void read(const TensorInfo& info, uint64_t offset, uint64_t size, void* out) const;
 
  private:
   SafetensorsFile() = default;
@@ -70,6 +75,7 @@ class SafetensorsFile {
   SafetensorsHeader header_;
   void* map_ = nullptr;
   std::size_t map_size_ = 0;
+  int fd_ = -1;
 };
 
 }  // namespace dp::io

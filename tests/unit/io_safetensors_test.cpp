@@ -159,6 +159,35 @@ TEST(Safetensors, WriterRoundTripsThroughTorch) {
   EXPECT_THROW(load_tensor(index, "z", at::kFloat), dp::Error);
 }
 
+// read() (pread, the CUDA loader's path) gives the bytes the mapping holds, refuses ranges outside the tensor,
+// and names the file when it was cut after opening.
+TEST(Safetensors, ReadGivesTheMappedBytesAndNamesATruncatedFile) {
+  const auto dir = dp::test::temp_dir("pread");
+  SafetensorsWriter writer;
+  writer.add("a", DType::F32, {1000});
+  writer.add("b", DType::F32, {3000});
+  const at::Tensor values = at::arange(4000, at::kFloat);
+  writer.write(dir + "/model.safetensors", [&](std::size_t i, void* out, uint64_t n) {
+    std::memcpy(out, static_cast<const float*>(values.data_ptr()) + (i == 0 ? 0 : 1000), n);
+  });
+  const auto file = SafetensorsFile::open(dir + "/model.safetensors");
+  const TensorInfo& b = file->at("b");
+  std::vector<std::byte> got(4000);
+  file->read(b, 400, 4000, got.data());
+  EXPECT_EQ(std::memcmp(got.data(), file->data(b) + 400, 4000), 0);
+  EXPECT_EQ(reinterpret_cast<const float*>(got.data())[0], 1100.0f);
+  EXPECT_THROW(file->read(b, 11990, 20, got.data()), dp::Error);
+  EXPECT_THROW(file->read(b, 12001, 0, got.data()), dp::Error);
+  std::filesystem::resize_file(dir + "/model.safetensors", std::filesystem::file_size(dir + "/model.safetensors") - 100);
+  try {
+    file->read(b, 11000, 1000, got.data());
+    FAIL() << "a read past the end of the cut file succeeded";
+  } catch (const dp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Safetensors, ShardedIndexIsValidated) {
   const auto dir = dp::test::temp_dir("sharded");
   auto write_shard = [&](const std::string& file, const std::string& tensor) {
