@@ -6,8 +6,9 @@ Each scenario runs in a process of its own, so every first use is a real first u
   sdpa      the first causal attention at CLIP's shape under each backend, one process per backend;
   threads   an op first used on a helper thread, then on the main thread (what a warm-up thread can save);
   exit      a child's wall from start to exit as the parent sees it, holding nothing, 26.7 GB on the device, and
-            that plus 256 MB of pinned host memory (diffpipe's loader staging), ending with os._exit.
-    python3 bench/first_use.py [--json FILE]
+            that plus 256 MB of pinned host memory (diffpipe's loader staging), and (--mapped-folder) every page
+            of a folder's safetensors files mapped in, ending with os._exit.
+    python3 bench/first_use.py [--json FILE] [--mapped-folder DIR]
 Figures only: nothing here passes or fails.
 """
 import argparse
@@ -73,6 +74,13 @@ elif scenario.startswith("exit:"):
         blocks = [torch.empty(int(26.7e9) // 8, dtype=torch.uint8, device="cuda") for _ in range(8)]
     if holding == "device+pinned":
         pinned = [torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True) for _ in range(32)]
+    if holding == "mapped":
+        # Every page of the folder's safetensors files mapped in, as a loader copying out of mmap leaves them.
+        import numpy
+        maps = [numpy.memmap(f, dtype=numpy.uint8, mode="r") for f in sys.argv[2].split(",")]
+        out["mapped"] = f"{sum(m.size for m in maps) / 1e9:.1f} GB in {len(maps)} files"
+        for m in maps:
+            int(m[::4096].sum())
     torch.cuda.synchronize()
     out["exit_at"] = time.time()  # the parent subtracts this from the moment it sees the child gone
 print("RESULT " + json.dumps(out), flush=True)
@@ -82,9 +90,9 @@ if scenario.startswith("exit:"):
 '''
 
 
-def run(scenario: str) -> dict:
+def run(scenario: str, *more: str) -> dict:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, scenario], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, scenario, *more], capture_output=True, text=True, timeout=300)
     wall = time.perf_counter() - started
     ended = time.time()
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -100,6 +108,7 @@ def run(scenario: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--mapped-folder", help="also exit holding every page of this folder's safetensors mapped")
     args = parser.parse_args()
     results = {}
     results["ops"] = run("ops")
@@ -108,6 +117,10 @@ def main() -> int:
     results["threads"] = run("threads")
     for holding in ("nothing", "device", "device+pinned"):
         results["exit:" + holding] = run("exit:" + holding)
+    if args.mapped_folder:
+        import glob
+        files = sorted(glob.glob(f"{args.mapped_folder}/**/*.safetensors", recursive=True))
+        results["exit:mapped"] = run("exit:mapped", ",".join(files))
     for scenario, figures in results.items():
         print(f"\n{scenario}")
         for name, value in figures.items():
