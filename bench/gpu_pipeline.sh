@@ -7,7 +7,7 @@
 #      rate per component with the page-cache state, first-step ratio, steady step, peak memory, PSNR, and
 #      issue 25's "Done when" table against its targets;
 #   2. diffpipe again with --load-overlap on (blocks loading on their own stream while the encoders run, within
-#      the staged order's peak), then with --load-overlap off: wall, encode time and peak memory of both orders,
+#      the staged order's peak), then with --load-overlap off (at --log-level debug): wall, encode time and peak memory of both orders,
 #      each measured after the other (a discarded small run first takes the machine's first-run costs);
 #   3. the CUDA tests of the parallel loader (pinned staging against load_tensor, bit for bit);
 #   4. the tiny pipeline's CUDA oracle tests (pipeline_flux_test *Cuda*, against diffusers on the CPU).
