@@ -63,8 +63,11 @@ elif scenario.startswith("sdpa:"):
         timed("first", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))
         timed("again", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))
 elif scenario == "threads":
+    flux_q = torch.zeros(1, 24, 4608, 128, **bf16)
     for name, fn in [("linear", lambda: F.linear(x, w, b)),
-                     ("sdpa causal", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))]:
+                     ("sdpa causal", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)),
+                     ("sdpa FLUX shape", lambda: F.scaled_dot_product_attention(flux_q, flux_q, flux_q)),
+                     ("layer_norm", lambda: F.layer_norm(x, (768,), b, b))]:
         helper = threading.Thread(target=lambda: timed(name + " on a helper thread", fn))
         helper.start(); helper.join()
         timed(name + " then on the main thread", fn)
