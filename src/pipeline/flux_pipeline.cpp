@@ -264,7 +264,7 @@ void FluxPipeline::start_encoder_warm_up(const GenerateRequest& request, const a
 }
 
 FluxPipeline::T5Start FluxPipeline::start_t5(const GenerateRequest& request, const at::Device& device,
-                                              bool load_weights) {
+                                              bool load_weights, const std::function<void()>& weights_in) {
   T5Start start;
   // As for CLIP: the tokenizer works while the weights load (and the warm-up runs).
   start.tokens = std::async(std::launch::async, [this, &request] {
@@ -295,10 +295,12 @@ FluxPipeline::T5Start FluxPipeline::start_t5(const GenerateRequest& request, con
     });
   }
   if (load_weights) {
-    start.weights = std::async(std::launch::async, [this, device, dtype = request.dtype] {
+    start.weights = std::async(std::launch::async, [this, device, dtype = request.dtype, weights_in] {
       c10::InferenceMode inference;  // per thread, as is the device guard
       c10::OptionalDeviceGuard device_guard(device);
-      return models::T5Encoder::load(folder_.component("text_encoder_2").path, dtype, device);
+      auto t5 = models::T5Encoder::load(folder_.component("text_encoder_2").path, dtype, device);
+      if (weights_in) weights_in();
+      return t5;
     });
   }
   return start;
@@ -309,14 +311,16 @@ at::Tensor FluxPipeline::encode_t5(const GenerateRequest& request, const at::Dev
 }
 
 at::Tensor FluxPipeline::finish_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer,
-                                   T5Start start) {
+                                   T5Start start, const std::function<void()>& weights_in) {
   c10::InferenceMode guard;
-  const auto t5 = start.weights.valid()
+  const bool loaded_beside = start.weights.valid();
+  const auto t5 = loaded_beside
                       ? timer.loading("T5 load (the rest: it loaded beside CLIP)", [&] { return start.weights.get(); })
                       : timer.loading("T5 load", [&] {
                           return models::T5Encoder::load(folder_.component("text_encoder_2").path, request.dtype,
                                                          device);
                         });
+  if (!loaded_beside && weights_in) weights_in();
   if (start.warming.valid()) timer.timed("T5 warm-up (the rest)", [&] { start.warming.get(); return 0; });
   const auto rows = timer.timed("T5 tokenizer (the rest)", [&] { return start.tokens.get(); });
   return timer.timed("T5 forward", [&] {
@@ -325,19 +329,20 @@ at::Tensor FluxPipeline::finish_t5(const GenerateRequest& request, const at::Dev
 }  // T5 released here
 
 FluxPipeline::EncodedTexts FluxPipeline::encode_both(const GenerateRequest& request, const at::Device& device,
-                                                     StageTimer& timer) {
+                                                     StageTimer& timer, const std::function<void()>& weights_in) {
   EncodedTexts out;
   if (!device.is_cuda()) {
     // On the CPU the two would share the same cores (and the CPU kernels' sums depend on the threads they get).
     out.pooled = encode_clip_pooled(request, device, timer);
-    out.t5 = encode_t5(request, device, timer);
+    out.t5 = finish_t5(request, device, timer, start_t5(request, device, false), weights_in);
     return out;
   }
   // On CUDA, CLIP's forward is the process's first GEMMs and kernels (0.6-1.4 s of first-use cost on an H200,
   // bench/RESULTS.md 2026-12-05): T5's weights are read meanwhile, once CLIP's own are in.
   std::optional<T5Start> t5;
-  out.pooled = encode_clip_pooled(request, device, timer, [&] { t5.emplace(start_t5(request, device, true)); });
-  if (!t5) t5.emplace(start_t5(request, device, true));
+  out.pooled = encode_clip_pooled(request, device, timer,
+                                  [&] { t5.emplace(start_t5(request, device, true, weights_in)); });
+  if (!t5) t5.emplace(start_t5(request, device, true, weights_in));
   out.t5 = finish_t5(request, device, timer, std::move(*t5));
   return out;
 }

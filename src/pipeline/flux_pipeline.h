@@ -145,7 +145,10 @@ class FluxPipeline {
     at::Tensor pooled;  // CLIP's
     at::Tensor t5;
   };
-  EncodedTexts encode_both(const GenerateRequest& request, const at::Device& device, StageTimer& timer);
+  // `weights_in` runs once both encoders' weights are on the device (on the thread that loaded T5's), for a
+  // load that should not compete with theirs (runtime/load_phase.h).
+  EncodedTexts encode_both(const GenerateRequest& request, const at::Device& device, StageTimer& timer,
+                           const std::function<void()>& weights_in = nullptr);
   // On CUDA the text encoders' first forwards pay the process's first-use cost (kernel modules, cuBLAS and cuDNN
   // handles): 0.6-0.9 s of CLIP's and T5's forwards on an H200 (bench/RESULTS.md, 2026-12-05). Called as soon as
   // the device is known, this runs CLIP's and then T5's forward on zero weights at the request's shapes on a
@@ -188,8 +191,10 @@ class FluxPipeline {
     std::future<void> warming;
     std::future<models::T5Encoder> weights;  // invalid: finish_t5 loads them
   };
-  T5Start start_t5(const GenerateRequest& request, const at::Device& device, bool load_weights);
-  at::Tensor finish_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer, T5Start start);
+  T5Start start_t5(const GenerateRequest& request, const at::Device& device, bool load_weights,
+                   const std::function<void()>& weights_in = nullptr);
+  at::Tensor finish_t5(const GenerateRequest& request, const at::Device& device, StageTimer& timer, T5Start start,
+                       const std::function<void()>& weights_in = nullptr);
 
   io::ModelFolder folder_;
   std::vector<StageReport> reports_;

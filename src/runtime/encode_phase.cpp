@@ -8,6 +8,7 @@
 #include "models/flux/flux_config.h"
 #include "pipeline/stage_timer.h"
 #include "runtime/checkpointing.h"
+#include "runtime/load_phase.h"
 #include "runtime/world.h"
 
 namespace dp::runtime {
@@ -62,14 +63,18 @@ EncodedPrompts encode_phase(RunContext& run) {
     DP_INFO("phase encode: on rank 0 (", checkpoints.resume ? "--resume" : "--embeddings-cache",
             "), not where --pipeline-device-map puts the text encoders");
   EncodedPrompts encoded;
-  if (!run.encoders_on_their_ranks()) return encoded;
+  if (!run.encoders_on_their_ranks()) {
+    encoder_weights_loaded(run);  // the coordinator's cached or resumed embeddings: nothing here to wait for
+    return encoded;
+  }
   std::optional<pipeline::StageTimer> timer;
   if (world.is_coordinator() || world.rank() == components.clip.rank || world.rank() == components.t5.rank)
     timer.emplace("encode", run.device, run.flux.report_sink());
   // Both encoders on this rank's one device: T5's weights may load during CLIP's forward (encode_both).
   const bool both_here = world.rank() == components.clip.rank && world.rank() == components.t5.rank;
   if (both_here && components.clip.device(run.device) == components.t5.device(run.device)) {
-    auto texts = run.flux.encode_both(run.request, components.clip.device(run.device), *timer);
+    auto texts = run.flux.encode_both(run.request, components.clip.device(run.device), *timer,
+                                      [&run] { encoder_weights_loaded(run); });
     encoded.pooled = std::move(texts.pooled);
     encoded.t5_rows = std::move(texts.t5);
     if (!world.is_coordinator()) {
@@ -77,6 +82,7 @@ EncodedPrompts encode_phase(RunContext& run) {
       send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
     }
   } else {
+    encoder_weights_loaded(run);  // the gate is for one device's encoders; with them apart, no waiting
     if (world.rank() == components.clip.rank) {
       encoded.pooled = run.flux.encode_clip_pooled(run.request, components.clip.device(run.device), *timer);
       if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.pooled, kClipCode);

@@ -226,17 +226,29 @@ void start_load_overlap(RunContext& run) {
       std::max(600.0, run.options.transport_timeout_seconds) * 1000));
   run.load_budget = std::make_shared<io::LoadBudget>(choice.early_bytes, "the text encoders to release the device",
                                                      timeout);
-  run.early_load = std::async(std::launch::async, [&run, budget = run.load_budget] {
+  run.encoder_weights_gate =
+      std::make_shared<io::LoadBudget>(0, "the text encoders' weights to be on the device", timeout);
+  run.early_load = std::async(std::launch::async, [&run, budget = run.load_budget, gate = run.encoder_weights_gate] {
     // Both are per thread: the blocks must land on this rank's GPU and be inference tensors like the rest.
     c10::InferenceMode inference;
     c10::OptionalDeviceGuard device_guard;
     if (run.device.is_cuda()) device_guard.reset_device(run.device);
+    // One load at a time reads fastest: beside T5's, the two took 17 GB/s together on an H200 where one alone
+    // took 30-35 GB/s, and CLIP's forward slowed from 0.56 to 0.87 s (bench/RESULTS.md, 2026-12-05).
+    const double waited = gate->wait_for_lift();
+    DP_DEBUG("rank ", run.world.rank(), ": the overlapped load waited ", std::fixed, std::setprecision(3), waited,
+             " s for the text encoders' weights");
     const io::ScopedLoadBudget scoped(budget.get());
     return on_loader_stream(run.device, [&run] { return load_phase(run); });
   });
 }
 
+void encoder_weights_loaded(RunContext& run) {
+  if (run.encoder_weights_gate) run.encoder_weights_gate->lift();
+}
+
 void encoders_released(RunContext& run) {
+  encoder_weights_loaded(run);
   if (!run.load_budget) return;
   // The encoders' cached segments go first, so that the blocks still to load take their place.
   pipeline::release_cached_memory(run.device);

@@ -27,8 +27,13 @@ struct LoadOverlap {
 };
 LoadOverlap choose_load_overlap(const RunContext& run);
 
-// Logs the choice and, when it is to overlap, starts load_phase on a thread (run.early_load).
+// Logs the choice and, when it is to overlap, starts load_phase on a thread (run.early_load), which waits for
+// encoder_weights_loaded before it reads anything.
 void start_load_overlap(RunContext& run);
+
+// The text encoders' weights on this rank are on the device (called from the thread that loaded them): the
+// overlapped load may start. Also implied by encoders_released.
+void encoder_weights_loaded(RunContext& run);
 
 // The text encoders on this rank are done and their memory is returned: the overlapped load may take the rest.
 void encoders_released(RunContext& run);

@@ -51,6 +51,7 @@ struct RunContext {
   // A run that ends before its encoders are released (a failure while encoding) lets an overlapped load finish
   // rather than wait out its budget's timeout.
   ~RunContext() {
+    if (encoder_weights_gate) encoder_weights_gate->lift();
     if (load_budget) load_budget->lift();
   }
   RunContext(const RunContext&) = delete;
@@ -85,6 +86,8 @@ struct RunContext {
   // The budget bounds what that load holds until the encoders are released; declared first, so that it outlives
   // the loader, which the future's destructor waits for.
   std::shared_ptr<io::LoadBudget> load_budget;
+  // Lifted once the encoders' weights are on the device: the overlapped load starts then, not beside theirs.
+  std::shared_ptr<io::LoadBudget> encoder_weights_gate;
   std::future<LoadedStage> early_load;
   bool load_overlapped = false;
   std::string load_overlap_reason;  // why it was chosen or not (load_phase.h)

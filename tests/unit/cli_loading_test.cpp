@@ -52,6 +52,12 @@ TEST(GenerateLoading, OverlapAndWarmUpLeaveTheLatentsBitIdentical) {
   EXPECT_TRUE(contains(overlapped.result.output, "of blocks load while the text encoders")) << overlapped.result.output;
   EXPECT_TRUE(contains(overlapped.result.output, "warmed up one block of each kind")) << overlapped.result.output;
   EXPECT_TRUE(same_bits(staged.latents, overlapped.latents)) << "overlap and warm-up changed the latents";
+  // The blocks' load waits for the encoders' weights rather than compete with T5's.
+  const auto t5_loaded = overlapped.result.output.find("load " + pipe + "/text_encoder_2:");
+  const auto blocks_loaded = overlapped.result.output.find("load " + pipe + "/transformer:");
+  ASSERT_NE(t5_loaded, std::string::npos) << overlapped.result.output;
+  ASSERT_NE(blocks_loaded, std::string::npos) << overlapped.result.output;
+  EXPECT_LT(t5_loaded, blocks_loaded) << overlapped.result.output;
 
   // Auto on the CPU keeps the staged order, and says why.
   const GenerateRun automatic = generate(pipe, "loading-auto", "");
