@@ -67,7 +67,9 @@ elif scenario == "threads":
     for name, fn in [("linear", lambda: F.linear(x, w, b)),
                      ("sdpa causal", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)),
                      ("sdpa FLUX shape", lambda: F.scaled_dot_product_attention(flux_q, flux_q, flux_q)),
-                     ("layer_norm", lambda: F.layer_norm(x, (768,), b, b))]:
+                     ("layer_norm", lambda: F.layer_norm(x, (768,), b, b)),
+                     ("conv2d 3x3 (VAE)", lambda: F.conv2d(torch.zeros(1, 256, 256, 256, **bf16),
+                                                            torch.zeros(256, 256, 3, 3, **bf16), padding=1))]:
         helper = threading.Thread(target=lambda: timed(name + " on a helper thread", fn))
         helper.start(); helper.join()
         timed(name + " then on the main thread", fn)
