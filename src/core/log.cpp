@@ -40,7 +40,8 @@ class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
   StderrSink() : colors_(::isatty(STDERR_FILENO) == 1) {}
   // At exit (after MPI_Finalize, once mpirun reads again) a stall that no later line ended is still reported.
-  ~StderrSink() override {
+  ~StderrSink() override { report_pending_drops(); }
+  void report_pending_drops() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (dropped_ > 0) write_dropped_notice(spdlog::log_clock::now(), "diffpipe", kGraceMilliseconds);
   }
@@ -139,10 +140,15 @@ class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
   std::chrono::steady_clock::time_point stalled_at_;
 };
 
+std::shared_ptr<StderrSink>& stderr_sink() {
+  static std::shared_ptr<StderrSink> sink = std::make_shared<StderrSink>();
+  return sink;
+}
+
 spdlog::logger& logger() {
   // stderr, so that stdout stays clean for --json output.
   static std::shared_ptr<spdlog::logger> instance = [] {
-    auto made = std::make_shared<spdlog::logger>("diffpipe", std::make_shared<StderrSink>());
+    auto made = std::make_shared<spdlog::logger>("diffpipe", stderr_sink());
     made->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
     made->set_level(spdlog::level::trace);
     return made;
@@ -151,6 +157,8 @@ spdlog::logger& logger() {
 }
 
 }  // namespace
+
+void finish() { stderr_sink()->report_pending_drops(); }
 
 void set_level(Level level) { current_level = level; }
 Level level() { return current_level; }

@@ -18,6 +18,9 @@ Level parse_level(const std::string& name);  // throws dp::Error naming the bad 
 // Adds "[rank N]" to every line; called once the MPI world is known.
 void set_rank(int rank);
 void write(Level level, const std::string& message);
+// Reports a stall that no later line ended, as the sink does when it is destroyed at exit: for a process that
+// ends without running destructors (runtime::World::end_process_after_success).
+void finish();
 bool enabled(Level level);
 
 }  // namespace dp::log

@@ -311,6 +311,7 @@ void World::end_process_after_success(int code) {
   const char* full = std::getenv("DIFFPIPE_FULL_TEARDOWN");
   if (full != nullptr && std::string(full) == "1") return;
   g_world.reset();  // MPI_Finalize, when MPI runs
+  log::finish();     // after it, once mpirun reads again: a stall's dropped-lines notice
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
