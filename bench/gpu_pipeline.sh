@@ -9,7 +9,8 @@
 #   2. diffpipe again with --load-overlap on (blocks loading on their own stream while the encoders run, within
 #      the staged order's peak), then with --load-overlap off (at --log-level debug): wall, encode time and peak memory of both orders,
 #      each measured after the other (a discarded small run first takes the machine's first-run costs);
-#   3. the CUDA tests of the parallel loader (pinned staging against load_tensor, bit for bit);
+#   3. the CUDA tests of the parallel loader (pinned staging against load_tensor, bit for bit) and of the
+#      encoders' attention (flash and memory-efficient against the CPU);
 #   4. the tiny pipeline's CUDA oracle tests (pipeline_flux_test *Cuda*, against diffusers on the CPU).
 # $OUT receives at most 8 files (what a device call returns): summary.txt (this output), pipeline-all.json and
 # pipeline-overlap.json (every figure), both images, and logs.tar.gz (every log and report).
@@ -51,9 +52,9 @@ TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_PYTHON="$(command -v python3)" >> "$work/build.log" 2>&1 \
   || { tail -30 "$work/build.log"; exit 1; }
-bounded ninja -C "$build" diffpipe_cli pipeline_flux_test io_parallel_load_test >> "$work/build.log" 2>&1 \
+bounded ninja -C "$build" diffpipe_cli pipeline_flux_test io_parallel_load_test models_attention_test >> "$work/build.log" 2>&1 \
   || { grep -E "error|FAILED" "$work/build.log" | head -20; tail -20 "$work/build.log"; exit 1; }
-elapsed "built diffpipe_cli, pipeline_flux_test and io_parallel_load_test"
+elapsed "built diffpipe_cli and the CUDA tests"
 
 model=${MODEL:-/tmp/flux-dev-pipeline}
 if [ ! -f "$model/model_index.json" ]; then  # model_index.json is written last: its presence means complete
@@ -103,6 +104,11 @@ if enough 30; then
   grep -E "OK \]|FAILED|PASSED" "$work/cuda_load_tests.log" | head -12
   [ "$load_status" = 0 ] || { tail -30 "$work/cuda_load_tests.log"; tests_status=1; }
   elapsed "parallel loader tests on CUDA (exit $load_status)"
+  DIFFPIPE_REQUIRE_CUDA=1 bounded "$build/tests/unit/models_attention_test" > "$work/cuda_attention_tests.log" 2>&1
+  attention_status=$?
+  grep -E "via|FAILED|PASSED" "$work/cuda_attention_tests.log" | head -24
+  [ "$attention_status" = 0 ] || { tail -30 "$work/cuda_attention_tests.log"; tests_status=1; }
+  elapsed "encoder attention tests on CUDA (exit $attention_status)"
 fi
 
 # The tiny pipeline on CUDA against the CPU oracle. A failure makes the script fail at the end.

@@ -275,12 +275,18 @@ def print_done_when(ours, theirs, psnr_db) -> list:
     loads = print_loads(ours)
     peak = max((s["peak_device_bytes"] or s["peak_resident_bytes"]) for s in ours["stages"]) / GB
     in_script = sum(theirs["phases"][p]["seconds"] for p in ("load", "encode", "denoise", "decode")) if theirs else None
-    wall = ours["process_wall_seconds"]
+    # The issue measures the process wall from the command's start to the PNG on disk; the driver's teardown of the
+    # CUDA context after that (0.18 s for a process holding nothing else on an H100, bench/first_use.py) is shown
+    # beside it, and the ratio to diffusers is given both ways.
+    exit_wall = ours["process_wall_seconds"]
+    wall = ours.get("process_start_to_outputs_seconds") or exit_wall
     slowest_load = min((load["gb_per_s"] for load in loads if load["bytes"] > 1e9), default=None)
     rows = [
-        ("one image, process wall (s)", wall, "<= 6.0", wall <= 6.0),
+        ("one image, command start to PNG on disk (s)", wall, "<= 6.0", wall <= 6.0),
+        ("  the same to the process's end (s)", exit_wall, "(exit)", None),
         ("against diffusers' in-script total", wall / in_script if in_script else None, "<= 0.5x",
          in_script and wall / in_script <= 0.5),
+        ("  the same to the process's end", exit_wall / in_script if in_script else None, "(exit)", None),
         ("loading, slowest component > 1 GB (GB/s)", slowest_load, ">= 20", slowest_load and slowest_load >= 20),
         ("first step / steady step", ours.get("first_step_ratio"), "<= 1.1",
          ours.get("first_step_ratio") and ours["first_step_ratio"] <= 1.1),
@@ -289,7 +295,7 @@ def print_done_when(ours, theirs, psnr_db) -> list:
         ("image PSNR vs diffusers (dB)", psnr_db, ">= 45", psnr_db is not None and psnr_db >= 45),
     ]
     if theirs and theirs.get("process_wall_seconds"):
-        rows.insert(1, ("diffusers process wall (s)", theirs["process_wall_seconds"], "(reference)", None))
+        rows.insert(2, ("diffusers process wall (s)", theirs["process_wall_seconds"], "(reference)", None))
     print("\nissue 25, Done when (one H200)")
     print(f"{'figure':44}{'measured':>10}  {'target':10}  met")
     for name, value, target, met in rows:

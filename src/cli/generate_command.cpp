@@ -220,6 +220,9 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   runtime::choose_transport(o.runtime.transport, o.device == "cuda", world.size());
   request.device = usable_device(o.device);
   const at::Device this_rank_device = runtime::rank_device(request.device, world);
+  // The context and the pinned staging on a thread, beside the folder's checks and the plans below (the memory
+  // check's first CUDA call waits for the context).
+  const std::future<void> device_opened = open_device_in_background(this_rank_device);
 
   pipeline::FluxPipeline flux(io::ModelFolder::open(o.model));
   flux.check_components(decode);

@@ -2,10 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <vector>
 
 #include "core/error.h"
+#include "core/human_units.h"
 #include "core/log.h"
+#include "io/parallel_load.h"
 
 namespace dp::cli {
 namespace {
@@ -56,6 +59,21 @@ at::Device usable_device(const std::string& name) {
   }
   if (why.back() != '.') why += '.';
   DP_FAIL("--device cuda: CUDA cannot be used here: ", why, " Run with --device cpu.");
+}
+
+std::future<void> open_device_in_background(const at::Device& device) {
+  if (!device.is_cuda()) return {};
+  return std::async(std::launch::async, [device] {
+    try {
+      const auto started = std::chrono::steady_clock::now();
+      (void)at::empty({1}, at::TensorOptions().device(device));  // the context, and LibTorch's allocator for it
+      DP_DEBUG("opened ", device.str(), " in the background in ",
+               human_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()));
+      io::prepare_pinned_staging(device);
+    } catch (const std::exception& e) {
+      DP_DEBUG("opening ", device.str(), " in the background failed (the run's own CUDA calls report it): ", e.what());
+    }
+  });
 }
 
 std::string default_dtype_for(const std::string& device) { return device == "cuda" ? "bf16" : "fp32"; }

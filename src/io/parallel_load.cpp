@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <iomanip>
 #include <thread>
 
@@ -34,6 +35,9 @@ constexpr uint64_t kPageBytes = 4096;
 std::mutex history_mutex;
 std::vector<LoadFigures> history;
 std::mutex policy_mutex;
+// prepare_pinned_staging's thread, which the CUDA readers wait for before taking their chunks.
+std::mutex staging_mutex;
+std::shared_future<void> staging_pinned;
 LoadPolicy policy;
 
 struct Piece {
@@ -117,8 +121,23 @@ void check_cuda(cudaError_t status, const char* what) {
 // `allocated` was recorded on the stream the outputs were allocated on, after the allocation: the caching
 // allocator may have handed out memory that work queued on that stream still reads (a VAE loading in the
 // background takes blocks the denoising loop has just freed), so no copy starts before that work is done.
+// The pinning started by prepare_pinned_staging, if any: a reader that allocated its chunks beside it would
+// pin more memory instead of taking the pinned chunks from the cache.
+void wait_for_pinned_staging() {
+  std::shared_future<void> pinning;
+  {
+    std::lock_guard<std::mutex> lock(staging_mutex);
+    pinning = staging_pinned;
+  }
+  if (!pinning.valid()) return;
+  // Local work that cannot wait on anything remote; bounded anyway, the readers pin their own past it.
+  if (pinning.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    DP_WARN("load: pinning the staging chunks took over 30 s; the readers pin their own");
+}
+
 void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated) {
   c10::cuda::CUDAGuard guard(device.index());
+  wait_for_pinned_staging();
   const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
   check_cuda(cudaStreamWaitEvent(stream.stream(), allocated, 0), "waiting for the outputs' stream");
   const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
@@ -191,6 +210,33 @@ void run_readers(LoadJob& job, const at::Device& device, bool host_copies, int t
 }
 
 }  // namespace
+
+void prepare_pinned_staging(const at::Device& device) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (!device.is_cuda()) return;
+  std::lock_guard<std::mutex> lock(staging_mutex);
+  if (staging_pinned.valid()) return;
+  const int64_t chunk = static_cast<int64_t>(load_policy().piece_bytes);
+  const int chunks = 2 * load_threads();
+  staging_pinned = std::async(std::launch::async, [device, chunk, chunks] {
+    try {
+      c10::cuda::CUDAGuard guard(device.index());
+      const auto started = std::chrono::steady_clock::now();
+      const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+      std::vector<at::Tensor> held;  // all at once, so that each is a block of its own in the cache
+      for (int i = 0; i < chunks; ++i) held.push_back(at::empty({chunk}, pinned));
+      held.clear();  // back to the cache, for the readers
+      DP_DEBUG("load: pinned ", chunks, " staging chunks of ", human_size(static_cast<double>(chunk)), " in ",
+               human_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
+               " on a thread of their own");
+    } catch (const std::exception& e) {
+      DP_DEBUG("load: pinning the staging chunks ahead failed, the readers pin their own: ", e.what());
+    }
+  }).share();
+#else
+  (void)device;
+#endif
+}
 
 LoadPolicy load_policy() {
   std::lock_guard<std::mutex> lock(policy_mutex);

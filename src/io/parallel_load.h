@@ -77,6 +77,12 @@ class LoadedTensors {
 std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const std::vector<std::string>& names,
                                              const at::Device& device, bool host_copies = false);
 
+// Pins the CUDA readers' staging chunks (two of LoadPolicy::piece_bytes per reader) on a thread of their own,
+// into LibTorch's pinned-memory cache, where the readers find them: pinning costs about 0.8 ms a megabyte (213 ms
+// for 256 MB on an H100, bench/first_use.py), which the first load paid before its first read. Called once the
+// device is known, before the loads; readers that start earlier wait for it. A no-op off CUDA or when called again.
+void prepare_pinned_staging(const at::Device& device);
+
 // Every parallel load of this process so far, in order (a run's report lists them).
 std::vector<LoadFigures> load_history();
 // As the reports write them: one object per load.

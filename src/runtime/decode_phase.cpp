@@ -62,7 +62,7 @@ WorkerDecode::WorkerDecode(RunContext& run) : run_(run), seen_(static_cast<size_
   };
 }
 
-void WorkerDecode::prepare(uint64_t stage_bytes) { decoder_->prepare(decode_budget(run_, stage_bytes)); }
+void WorkerDecode::prepare(uint64_t stage_bytes) { decoder_->prepare(decode_budget(run_, stage_bytes), run_.options.warm_up); }
 
 void WorkerDecode::finish() {
   // Decode messages the coordinator sent before the ring's shutdown reached this rank by another path.
@@ -86,7 +86,7 @@ void CoordinatorImages::prepare(uint64_t stage_bytes) {
   local_.emplace(run_.flux, run_.request, run_.grid, run_.options.microbatch_size,
                  run_.components.vae.device(run_.device), 0,
                  [this](int64_t microbatch, const at::Tensor& images) { write(microbatch, images, 0); });
-  local_->prepare(decode_budget(run_, stage_bytes));
+  local_->prepare(decode_budget(run_, stage_bytes), run_.options.warm_up);
 }
 
 void CoordinatorImages::write(int64_t microbatch, const at::Tensor& images, int rank) {

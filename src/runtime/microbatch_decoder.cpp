@@ -33,7 +33,7 @@ MicrobatchDecoder::MicrobatchDecoder(pipeline::FluxPipeline& flux, const pipelin
     : flux_(flux), request_(request), grid_(grid), microbatch_size_(microbatch_size), device_(device), rank_(rank),
       deliver_(std::move(deliver)) {}
 
-void MicrobatchDecoder::prepare(const DecodeBudget& budget) {
+void MicrobatchDecoder::prepare(const DecodeBudget& budget, bool warm_up) {
   // The activations of one microbatch, the larger of a transformer step and a VAE decode: with the VAE resident
   // both kinds of work alternate on this rank, never at once.
   const auto& folder = flux_.folder();
@@ -63,7 +63,7 @@ void MicrobatchDecoder::prepare(const DecodeBudget& budget) {
   if (resident_) {
     DP_INFO("rank ", rank_, ": decode: the VAE stays loaded through denoising (", verdict,
             "); it loads in the background while denoising starts, and each microbatch is decoded as it finishes");
-    start_loading();
+    start_loading(warm_up && device_.is_cuda());
   } else {
     DP_WARN("rank ", rank_, ": decode at the end: ", verdict,
             "; finished latents wait on the host and are decoded after the transformer is freed");
@@ -78,8 +78,8 @@ void MicrobatchDecoder::load() {
   DP_INFO("rank ", rank_, ": VAE loaded on ", device_.str(), " in ", human_seconds(seconds_since(started)));
 }
 
-void MicrobatchDecoder::start_loading() {
-  loading_ = std::async(std::launch::async, [this] {
+void MicrobatchDecoder::start_loading(bool warm_up) {
+  loading_ = std::async(std::launch::async, [this, warm_up] {
     c10::InferenceMode guard;  // thread-local, as is the device guard
     c10::OptionalDeviceGuard device_guard(device_);
     trace::Scope span(trace::Track::background_load, "VAE load");  // --trace and NVTX
@@ -88,6 +88,10 @@ void MicrobatchDecoder::start_loading() {
     pipeline::synchronize(device_);
     DP_INFO("rank ", rank_, ": VAE loaded on ", device_.str(), " in the background in ",
             human_seconds(seconds_since(started)));
+    if (warm_up) {
+      const double seconds = vae.warm_up();
+      DP_INFO("rank ", rank_, ": warmed up the VAE's decode in the background in ", human_seconds(seconds));
+    }
     return vae;
   });
 }

@@ -32,8 +32,9 @@ class MicrobatchDecoder {
                     Deliver deliver);
 
   // Before denoising: decides whether the VAE stays loaded through it, logs why, and if so starts loading it in
-  // the background.
-  void prepare(const DecodeBudget& budget);
+  // the background. warm_up: on CUDA the background thread then decodes a small latent of zeros, so that the
+  // first real decode finds the VAE's kernels loaded (AutoencoderKL::warm_up).
+  void prepare(const DecodeBudget& budget, bool warm_up);
   bool resident() const { return resident_; }
   // A microbatch's final latents (b, N_img, C): decoded and delivered now when resident, else kept on the host.
   void accept(int64_t microbatch, const at::Tensor& latents);
@@ -49,7 +50,7 @@ class MicrobatchDecoder {
 
  private:
   void load();
-  void start_loading();
+  void start_loading(bool warm_up);
   void wait_for_vae();
   void decode(int64_t microbatch, const at::Tensor& latents);
 

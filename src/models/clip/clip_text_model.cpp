@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/attention.h"
 #include "io/weight_index.h"
 
 namespace dp::models {
@@ -109,9 +110,9 @@ at::Tensor ClipTextModel::encoder_layer(const EncoderLayer& layer, const at::Ten
   const at::Tensor k = split_heads(layer.k_proj(normed));
   const at::Tensor v = split_heads(layer.v_proj(normed));
   // transformers 5 runs CLIP through SDPA by default; without a padding mask it passes is_causal=True and
-  // scale head_dim**-0.5, so the same call gives the same kernel and rounding.
+  // scale head_dim**-0.5: the same arithmetic (on the CPU the same kernel; on CUDA see models/attention.h).
   const at::Tensor attended =
-      at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::pow(double(head_dim), -0.5))
+      encoder_attention(q, k, v, std::nullopt, /*causal=*/true, std::pow(double(head_dim), -0.5))
           .transpose(1, 2)
           .contiguous()
           .reshape({batch, seq, heads * head_dim});
@@ -148,8 +149,11 @@ ClipTextModel::Output ClipTextModel::forward(const at::Tensor& input_ids) const 
   for (const EncoderLayer& layer : layers_) hidden = encoder_layer(layer, hidden);
   hidden = final_layer_norm_(hidden);
 
-  const at::Tensor rows = at::arange(batch, ids.options()) * seq + eos_positions(ids).to(at::kLong);
-  const at::Tensor pooled = hidden.reshape({batch * seq, hidden.size(2)}).index_select(0, rows);
+  // The pooled rows are found from the ids where they came from (the host, as a rule): an argmax on the device
+  // cost 74 ms of first use on an H100. The gather is index_select, the token lookup's own kernel.
+  const at::Tensor rows = at::arange(batch, input_ids.options().dtype(at::kLong)) * seq +
+                          eos_positions(input_ids).to(at::kLong);
+  const at::Tensor pooled = hidden.reshape({batch * seq, hidden.size(2)}).index_select(0, rows.to(device_));
   return {hidden, pooled};
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "models/attention.h"
 #include "io/weight_index.h"
 
 namespace dp::models {
@@ -119,7 +120,7 @@ at::Tensor T5Encoder::block_forward(const Block& block, const at::Tensor& hidden
   const at::Tensor k = split_heads(block.k(normed));
   const at::Tensor v = split_heads(block.v(normed));
   // transformers' SDPA path: the position bias is the additive mask and the scores are not scaled.
-  const at::Tensor attended = at::scaled_dot_product_attention(q, k, v, position_bias, 0.0, false, 1.0)
+  const at::Tensor attended = encoder_attention(q, k, v, position_bias, false, 1.0)
                                   .transpose(1, 2)
                                   .contiguous()
                                   .reshape({batch, seq, heads * head_dim});

@@ -2,6 +2,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include "core/error.h"
@@ -64,6 +65,15 @@ at::Tensor AutoencoderKL::decode(const at::Tensor& z) const {
   at::Tensor latents = z.to(device_, dtype_);
   if (post_quant_conv_weight_.defined()) latents = at::conv2d(latents, post_quant_conv_weight_, post_quant_conv_bias_);
   return (*decoder_)(latents);
+}
+
+double AutoencoderKL::warm_up() const {
+  c10::InferenceMode inference;
+  const auto started = std::chrono::steady_clock::now();
+  // 8x8 latents: every layer of the decoder runs, up- and down-sampling included, at a few megabytes.
+  const at::Tensor z = at::zeros({1, config_.latent_channels, 8, 8}, at::TensorOptions().dtype(dtype_).device(device_));
+  (void)decode(z).sum().item<float>();  // waits for the device
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
 AutoencoderKL::LatentDistribution AutoencoderKL::encode(const at::Tensor& image) const {

@@ -34,6 +34,10 @@ class AutoencoderKL {
   // z: (B, latent_channels, h, w), already unscaled. Returns the image (B, out_channels, h*s, w*s) in the
   // run dtype, nominally in [-1, 1] (not clamped), s = config().spatial_scale().
   at::Tensor decode(const at::Tensor& z) const;
+  // One decode of a small latent of zeros, waited for: its kernels load (once per process, on any thread) so that
+  // the first real decode does not pay for them (0.4-0.5 s for a 1024x1024 decode on an H100 otherwise). Returns
+  // the seconds it took.
+  double warm_up() const;
 
   // The posterior diffusers' encode returns: mean and log-variance (clamped to [-30, 20]), each
   // (B, latent_channels, ceil-halved h, w per down block). Requires load(..., with_encoder = true).

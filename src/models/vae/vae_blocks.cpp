@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/activation_names.h"
+#include "models/attention.h"
 
 namespace dp::models {
 namespace {
@@ -82,7 +83,7 @@ at::Tensor VaeAttention::operator()(const at::Tensor& x) const {
   const at::Tensor q = one_head(to_q(tokens));
   const at::Tensor k = one_head(to_k(tokens));
   const at::Tensor v = one_head(to_v(tokens));
-  at::Tensor attended = at::scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape({batch, -1, channels});
+  at::Tensor attended = encoder_attention(q, k, v).transpose(1, 2).reshape({batch, -1, channels});
   attended = to_out(attended.to(q.scalar_type()));
   return attended.transpose(-1, -2).reshape({batch, channels, height, width}) + x;
 }
