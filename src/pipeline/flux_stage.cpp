@@ -128,6 +128,20 @@ double FluxStage::warm_up(int64_t batch) const {
   };
   run_one(0, layers);                          // a double block
   run_one(layers, model_.config().num_blocks());  // a single block
+  // The parts around the blocks have GEMM shapes and kernels of their own (the embedders, the timestep features,
+  // the head): left to step 1 they made it 1.14-1.19x a later step on an H100 (bench/RESULTS.md, 2026-12-05).
+  const auto& config = model_.config();
+  if (is_first()) {
+    (void)model_.embed_text(at::zeros({batch, text_count(), config.joint_attention_dim}, options));
+    (void)model_.embed_image(at::zeros({batch, image_count(), config.in_channels}, options));
+    const at::Tensor guidance = config.guidance_embeds ? at::zeros({batch}, options.dtype(at::kFloat)) : at::Tensor();
+    (void)model_.embed_time(at::zeros({batch}, options), guidance, at::zeros({batch, config.pooled_projection_dim}, options));
+  }
+  if (is_last()) {
+    models::FluxActivations state{at::zeros({batch, image_count(), dim}, options),
+                                  at::zeros({batch, text_count(), dim}, options), at::zeros({batch, dim}, options)};
+    (void)model_.head(state);
+  }
   synchronize(model_.device());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
