@@ -209,7 +209,8 @@ LoadOverlap choose_load_overlap(const RunContext& run) {
                        bytes_text(memory.blocks), ") within the staged order's peak")};
   // Measured on an H200 with its own stream and the early allowance (bench/RESULTS.md, 2026-12-05): 6.16 s of
   // process wall for one 1024x1024 image against 6.21 and 6.27 s staged, inside the run-to-run spread, and
-  // T5's load slows beside the blocks'. Auto keeps the staged order; the overlap is there to measure and use.
+  // T5's load slows beside the blocks'; on an H100 after the first-use work, 6.37 s to the PNG against 6.13-6.20 s
+  // staged. Auto keeps the staged order; the overlap is there to measure and use.
   return {false, "the overlap (" + overlap_terms(memory) + ") measured no faster than the staged order on an H200 "
                  "(--load-overlap on to use it)"};
 }
