@@ -5,6 +5,9 @@ Each scenario runs in a process of its own, so every first use is a real first u
   ops       the first call of each op of a CLIP-L forward at FLUX's shapes (bf16), in order, then the same op again;
   sdpa      the first causal attention at CLIP's shape under each backend, one process per backend;
   threads   an op first used on a helper thread, then on the main thread (what a warm-up thread can save);
+  lazy      eight ops of distinct kernels first used one after another, then (another process) each on a thread
+            of its own, all at once: whether the driver's lazy module loading runs in parallel; and the
+            context's creation under CUDA_MODULE_LOADING=EAGER (what loading every module up front costs);
   exit      a child's wall from start to exit as the parent sees it, holding nothing, 26.7 GB on the device, and
             that plus 256 MB of pinned host memory (diffpipe's loader staging), and (--mapped-folder) every page
             of a folder's safetensors files mapped in, ending with os._exit.
@@ -13,6 +16,7 @@ Figures only: nothing here passes or fails.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -73,6 +77,26 @@ elif scenario == "threads":
         helper = threading.Thread(target=lambda: timed(name + " on a helper thread", fn))
         helper.start(); helper.join()
         timed(name + " then on the main thread", fn)
+elif scenario.startswith("lazy:"):
+    # Distinct kernels from distinct translation units of libtorch_cuda, none used above.
+    idx = torch.zeros(77, dtype=torch.long, device="cuda")
+    ops = [("layer_norm", lambda: F.layer_norm(x, (768,), b, b)),
+           ("sigmoid", lambda: torch.sigmoid(x)),
+           ("embedding", lambda: F.embedding(idx, w)),
+           ("argmax", lambda: x.argmax(-1)),
+           ("cumsum", lambda: x.float().cumsum(-1)),
+           ("softmax", lambda: torch.softmax(x, -1)),
+           ("gelu tanh", lambda: F.gelu(x, approximate="tanh")),
+           ("sort", lambda: torch.sort(x, -1))]
+    started = time.perf_counter()
+    if scenario == "lazy:threads":
+        helpers = [threading.Thread(target=fn) for _, fn in ops]
+        for h in helpers: h.start()
+        for h in helpers: h.join()
+    else:
+        for _, fn in ops: fn()
+    torch.cuda.synchronize()
+    out["eight first uses (" + scenario.split(":")[1] + ")"] = time.perf_counter() - started
 elif scenario.startswith("exit:"):
     holding = scenario.split(":", 1)[1]
     if holding in ("device", "device+pinned"):
@@ -95,9 +119,10 @@ if scenario.startswith("exit:"):
 '''
 
 
-def run(scenario: str, *more: str) -> dict:
+def run(scenario: str, *more: str, env: dict = None) -> dict:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, scenario, *more], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, scenario, *more], capture_output=True, text=True, timeout=300,
+                          env=None if env is None else {**os.environ, **env})
     wall = time.perf_counter() - started
     ended = time.time()
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -120,6 +145,9 @@ def main() -> int:
     for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
         results["sdpa:" + backend] = run("sdpa:" + backend)
     results["threads"] = run("threads")
+    for order in ("sequential", "threads"):
+        results["lazy:" + order] = run("lazy:" + order)
+    results["lazy:sequential, CUDA_MODULE_LOADING=EAGER"] = run("lazy:sequential", env={"CUDA_MODULE_LOADING": "EAGER"})
     for holding in ("nothing", "device", "device+pinned"):
         results["exit:" + holding] = run("exit:" + holding)
     if args.mapped_folder:

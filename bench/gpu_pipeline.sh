@@ -16,6 +16,7 @@
 # pipeline-overlap.json (every figure), both images, and logs.tar.gz (every log and report).
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
+#   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4); VARIANTS adds diffpipe runs (see below).
 #   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
 # The folder (33.7 GB) is written once per machine with `make-random --pipeline` (so its files are in the page
@@ -97,8 +98,27 @@ if [ "$side" != diffusers ] && enough 45; then
   elapsed "staged order again (--load-overlap off) finished"
 fi
 
+# VARIANTS="label|VAR=value ...|generate options;...": more diffpipe runs at --log-level debug, each with its own
+# environment and options (e.g. "eager|CUDA_MODULE_LOADING=EAGER|;readers12|DIFFPIPE_LOAD_THREADS=12|--load-overlap on"),
+# with the encoders' and the loads' lines of each log.
+if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
+  IFS=';' read -ra variants <<< "$VARIANTS"
+  for variant in "${variants[@]}"; do
+    IFS='|' read -r label vars args <<< "$variant"
+    enough 30 || break
+    echo "== variant $label: ${vars:-(no environment)} ${args}"
+    # shellcheck disable=SC2086  # vars and args are word lists
+    bounded env $vars python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
+      --json "$work/pipeline-variant-$label.json" --only diffpipe --diffpipe-args "--log-level debug $args" "$@" 2>&1 \
+      | tee "$work/pipeline-variant-$label.log" | grep -E "^  (start|main|the run|outputs)|^one image|first step|steady|peak"
+    grep -hE "CLIP (load|forward)|T5 (load|forward|warm)|warmed up|transformer load|blocks.*GB/s|opened|memory check" \
+      "$work/pipeline-variant-$label-files/diffpipe.log" | cut -c1-200 | head -16
+  done
+  elapsed "variants finished"
+fi
+
 tests_status=0
-if enough 30; then
+if [ "${SKIP_TESTS:-0}" != 1 ] && enough 30; then
   DIFFPIPE_REQUIRE_CUDA=1 bounded "$build/tests/unit/io_parallel_load_test" > "$work/cuda_load_tests.log" 2>&1
   load_status=$?
   grep -E "OK \]|FAILED|PASSED" "$work/cuda_load_tests.log" | head -12
@@ -113,7 +133,9 @@ fi
 
 # The tiny pipeline on CUDA against the CPU oracle. A failure makes the script fail at the end.
 ref="$build/reference"
-if enough 120; then
+if [ "${SKIP_TESTS:-0}" = 1 ]; then
+  elapsed "SKIP_TESTS=1: the CUDA tests did not run"
+elif enough 120; then
   if bounded python3 "$here/tests/reference/generate_all.py" --out "$ref" --only pipeline > "$work/oracle.log" 2>&1; then
     DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
       bounded "$build/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' > "$work/cuda_pipeline_tests.log" 2>&1
