@@ -5,9 +5,11 @@
 #include <chrono>
 #include <vector>
 
+#include "cli/early_cuda.h"
 #include "core/error.h"
 #include "core/human_units.h"
 #include "core/log.h"
+#include "core/process_clock.h"
 #include "io/parallel_load.h"
 
 namespace dp::cli {
@@ -61,10 +63,32 @@ at::Device usable_device(const std::string& name) {
   DP_FAIL("--device cuda: CUDA cannot be used here: ", why, " Run with --device cpu.");
 }
 
+namespace {
+
+// What the start before main() did (cli/early_cuda.h); its context is let go when this run's device is another.
+void settle_early_cuda(const at::Device& device) {
+  const EarlyCudaStart early = wait_for_early_cuda();
+  if (!early.attempted) return;
+  const double ago = std::chrono::duration<double>(std::chrono::steady_clock::now() - early.began).count();
+  DP_DEBUG("CUDA started before main(): ", early.outcome, " in ", human_seconds(early.seconds), ", from ",
+           human_seconds(process_age_seconds() - ago), " after the process started (main() at ",
+           human_seconds(age_at_main_seconds()), ")");
+  if (early.context && (!device.is_cuda() || device.index() != early.device)) {
+    release_early_cuda();
+    DP_DEBUG("CUDA started before main(): released device ", early.device, "'s context, this run uses ", device.str());
+  }
+}
+
+}  // namespace
+
 std::future<void> open_device_in_background(const at::Device& device) {
-  if (!device.is_cuda()) return {};
+  if (!device.is_cuda()) {
+    settle_early_cuda(device);
+    return {};
+  }
   return std::async(std::launch::async, [device] {
     try {
+      settle_early_cuda(device);
       const auto started = std::chrono::steady_clock::now();
       (void)at::empty({1}, at::TensorOptions().device(device));  // the context, and LibTorch's allocator for it
       DP_DEBUG("opened ", device.str(), " in the background in ",

@@ -1,0 +1,79 @@
+// Which command lines start the CUDA driver before main() (cli/early_cuda.h), and what a process without a
+// driver gets: nothing started, the reason said. Torch-free: the library needs only libc and the loader.
+#include "cli/early_cuda.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::map<std::string, std::string> environment;
+
+const char* fake_getenv(const char* name) {
+  const auto found = environment.find(name);
+  return found == environment.end() ? nullptr : found->second.c_str();
+}
+
+// The device the command line and `environment` would start, or -1 with the reason in `why`.
+int decide(std::vector<const char*> words, std::string* why = nullptr) {
+  words.insert(words.begin(), "diffpipe-torch");
+  return dp::cli::early_cuda_device(static_cast<int>(words.size()), words.data(), fake_getenv, why);
+}
+
+class EarlyCuda : public ::testing::Test {
+ protected:
+  void SetUp() override { environment.clear(); }
+};
+
+TEST_F(EarlyCuda, StartsDeviceZeroForAPlainGenerate) {
+  EXPECT_EQ(decide({"generate", "--model", "m", "--prompt", "a cat"}), 0);
+  EXPECT_EQ(decide({"--log-level", "debug", "generate", "--device", "cuda"}), 0);
+  EXPECT_EQ(decide({"generate", "--device", "auto"}), 0);
+}
+
+TEST_F(EarlyCuda, LeavesOtherCommandsAndCpuRunsAlone) {
+  std::string why;
+  EXPECT_EQ(decide({"plan", "--model", "m"}, &why), -1);
+  EXPECT_EQ(why, "not a generate command");
+  EXPECT_EQ(decide({"--version"}), -1);
+  EXPECT_EQ(decide({}), -1);
+  // The value of --log-level is not the command.
+  EXPECT_EQ(decide({"--log-level", "generate", "forward"}), -1);
+  EXPECT_EQ(decide({"generate", "--device", "cpu"}, &why), -1);
+  EXPECT_EQ(why, "--device cpu");
+  EXPECT_EQ(decide({"generate", "--device=cpu"}), -1);
+  EXPECT_EQ(decide({"generate", "--help"}), -1);
+  EXPECT_EQ(decide({"generate", "-h"}), -1);
+  EXPECT_EQ(decide({"generate", "--dry-run"}), -1);
+  environment["DIFFPIPE_EARLY_CUDA"] = "0";
+  EXPECT_EQ(decide({"generate"}, &why), -1);
+  EXPECT_EQ(why, "DIFFPIPE_EARLY_CUDA=0");
+}
+
+TEST_F(EarlyCuda, UnderALauncherOnlyOpenMpisLocalRankNamesTheDevice) {
+  environment["OMPI_COMM_WORLD_SIZE"] = "4";
+  environment["OMPI_COMM_WORLD_LOCAL_RANK"] = "3";
+  EXPECT_EQ(decide({"generate"}), 3);
+  environment["OMPI_COMM_WORLD_LOCAL_RANK"] = "x";
+  EXPECT_EQ(decide({"generate"}), -1);
+  environment.clear();
+  std::string why;
+  environment["SLURM_STEP_ID"] = "0";  // srun: the local rank comes from MPI_Init, after main()
+  EXPECT_EQ(decide({"generate"}, &why), -1);
+  EXPECT_NE(why.find("local rank"), std::string::npos) << why;
+}
+
+// This test binary is not `generate`: the constructor started nothing, and waiting or releasing is harmless.
+TEST_F(EarlyCuda, ATestProcessStartsNothing) {
+  const auto early = dp::cli::wait_for_early_cuda();
+  EXPECT_FALSE(early.attempted);
+  EXPECT_FALSE(early.context);
+  EXPECT_EQ(early.outcome, "not a generate command");
+  dp::cli::release_early_cuda();
+  EXPECT_FALSE(dp::cli::wait_for_early_cuda().context);
+}
+
+}  // namespace
