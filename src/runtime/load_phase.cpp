@@ -11,8 +11,10 @@
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
+#include <future>
 #include <iomanip>
 #include <map>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -59,6 +61,89 @@ void warm_up(const RunContext& run, const pipeline::FluxStage& stage, const char
           std::setprecision(3), seconds, " s", note);
 }
 
+// The overlapped load's work runs on a stream of its own: on the encoders' stream its dtype conversions, q|k|v
+// concatenations and warm-up would queue between their kernels (measured on an H200: encode 2.9 s instead of
+// 1.2 s). The loop's thread uses the blocks on its own stream, so the load's work is finished before they go.
+template <typename Work>
+auto on_loader_stream(const at::Device& device, Work&& work) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAStreamGuard stream(c10::cuda::getStreamFromPool(false, device.index()));
+    auto result = work();
+    stream.current_stream().synchronize();
+    return result;
+  }
+#endif
+  (void)device;
+  return work();
+}
+
+void log_loaded(const RunContext& run, const placement::RankStage& mine, const LoadedStage& loaded) {
+  DP_INFO("rank ", run.world.rank(), ": loaded blocks [", mine.first_block, ", ", mine.last_block, "): ",
+          human_size(static_cast<double>(loaded.bytes)), " in ", human_seconds(loaded.seconds), " (",
+          human_size(loaded.seconds > 0 ? loaded.bytes / loaded.seconds : 0.0), "/s)");
+}
+
+// This rank's blocks [first, last) read onto its device (no warm-up).
+std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const placement::RankStage& mine, int64_t first,
+                                                 int64_t last, bool with_offload_and_lora) {
+  const std::string phase = str("loading blocks [", first, ", ", last, ")");
+  return pipeline::run_phase(run.world.rank(), phase, [&] {
+    return std::make_shared<pipeline::FluxStage>(
+        run.transformer_dir, first, last, run.request.dtype, run.device, run.grid, run.request.max_sequence_length,
+        with_offload_and_lora ? offloaded_weights(mine) : std::map<int64_t, models::OffloadedWeights>{},
+        sequence_shard(run), with_offload_and_lora ? run.request.lora : nullptr);
+  });
+}
+
+// Whether the warm-up can run on the loop's thread while the blocks load (load_warming_up_beside): on CUDA, with
+// room to spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's
+// own stage).
+bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
+  return run.options.warm_up && run.device.is_cuda() && run.options.max_memory.empty() && mine.offloaded.empty() &&
+         !run.request.lora;
+}
+
+// The staged load with the warm-up beside it. The warm-up needs blocks with weights, and the loop's thread (cuDNN
+// builds its attention graphs per thread): the first and the last of this rank's blocks are read apart first
+// (with the embedders and the head when the rank holds them, so every GEMM shape of a step is among them), then
+// a helper thread reads the whole range while this thread runs the two samples, which the helper's reading
+// leaves time for (0.8 s for 23.8 GB against 0.14 s of warm-up on an H100). One load at a time: two at once read
+// slower than one after the other (start_load_overlap's measurement).
+LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankStage& mine) {
+  const auto sampling_started = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<pipeline::FluxStage>> samples{
+      read_blocks(run, mine, mine.first_block, mine.first_block + 1, false)};
+  if (mine.last_block - 1 > mine.first_block)
+    samples.push_back(read_blocks(run, mine, mine.last_block - 1, mine.last_block, false));
+  const double sampling = std::chrono::duration<double>(std::chrono::steady_clock::now() - sampling_started).count();
+  LoadedStage loaded;
+  const auto started = std::chrono::steady_clock::now();
+  auto reading = std::async(std::launch::async, [&] {
+    c10::InferenceMode inference;  // per thread, as is the device
+    c10::OptionalDeviceGuard device_guard(run.device);
+    return on_loader_stream(run.device, [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
+  });
+  const int64_t rows = std::min(run.options.microbatch_size, run.batch());
+  double warming = 0;
+  try {
+    for (const auto& sample : samples)
+      warming += pipeline::run_phase(run.world.rank(), "warming up the blocks", [&] { return sample->warm_up(rows); });
+  } catch (...) {
+    reading.wait();  // the helper reads through references to this frame
+    throw;
+  }
+  samples.clear();  // their memory goes back to the allocator before the loop takes its activations
+  loaded.stage = reading.get();
+  loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  loaded.bytes = loaded.stage->weight_bytes();
+  DP_INFO("rank ", run.world.rank(), ": warmed up one block of each kind at ", rows, " row(s) in ", std::fixed,
+          std::setprecision(3), warming, " s on the loop's thread while the blocks loaded (the sample blocks read apart ",
+          "first in ", sampling, " s)");
+  log_loaded(run, mine, loaded);
+  return loaded;
+}
+
 }  // namespace
 
 at::Device rank_device(const at::Device& requested, const World& world) {
@@ -100,19 +185,11 @@ LoadedStage load_phase(const RunContext& run) {
   const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
   if (mine == nullptr) return loaded;
   const auto started = std::chrono::steady_clock::now();
-  const std::string phase = str("loading blocks [", mine->first_block, ", ", mine->last_block, ")");
-  loaded.stage = pipeline::run_phase(run.world.rank(), phase, [&] {
-    return std::make_shared<pipeline::FluxStage>(run.transformer_dir, mine->first_block, mine->last_block,
-                                                 run.request.dtype, run.device, run.grid,
-                                                 run.request.max_sequence_length, offloaded_weights(*mine),
-                                                 sequence_shard(run), run.request.lora);
-  });
+  loaded.stage = read_blocks(run, *mine, mine->first_block, mine->last_block, true);
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
   if (run.options.warm_up) warm_up(run, *loaded.stage, "");
-  DP_INFO("rank ", run.world.rank(), ": loaded blocks [", mine->first_block, ", ", mine->last_block, "): ",
-          human_size(static_cast<double>(loaded.bytes)), " in ", human_seconds(loaded.seconds), " (",
-          human_size(loaded.seconds > 0 ? loaded.bytes / loaded.seconds : 0.0), "/s)");
+  log_loaded(run, *mine, loaded);
   return loaded;
 }
 
@@ -171,23 +248,6 @@ std::string overlap_terms(const OverlapMemory& memory) {
   return str(bytes_text(memory.early_blocks()), " of this rank's ", bytes_text(memory.blocks),
              " of blocks load while the text encoders (", bytes_text(memory.encoders),
              ") hold the device, the rest once they are released, so the peak stays the staged order's");
-}
-
-// The overlapped load's work runs on a stream of its own: on the encoders' stream its dtype conversions, q|k|v
-// concatenations and warm-up would queue between their kernels (measured on an H200: encode 2.9 s instead of
-// 1.2 s). The loop's thread uses the blocks on its own stream, so the load's work is finished before they go.
-template <typename Work>
-auto on_loader_stream(const at::Device& device, Work&& work) {
-#ifdef DIFFPIPE_HAVE_CUDA
-  if (device.is_cuda()) {
-    c10::cuda::CUDAStreamGuard stream(c10::cuda::getStreamFromPool(false, device.index()));
-    auto result = work();
-    stream.current_stream().synchronize();
-    return result;
-  }
-#endif
-  (void)device;
-  return work();
 }
 
 }  // namespace
@@ -257,7 +317,11 @@ void encoders_released(RunContext& run) {
 }
 
 LoadedStage take_loaded_stage(RunContext& run) {
-  if (!run.early_load.valid()) return load_phase(run);
+  if (!run.early_load.valid()) {
+    const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
+    if (mine != nullptr && warms_up_beside_the_load(run, *mine)) return load_warming_up_beside(run, *mine);
+    return load_phase(run);
+  }
   LoadedStage loaded = run.early_load.get();
   // The loader thread's warm-up loaded the kernels for the whole process, but cuBLAS, cuDNN and their plan
   // caches are per thread in LibTorch: once more here, on the thread that runs the loop, now cheap.
