@@ -111,7 +111,7 @@ if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
     bounded env $vars python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
       --json "$work/pipeline-variant-$label.json" --only diffpipe --diffpipe-args "--log-level debug $args" "$@" 2>&1 \
       | tee "$work/pipeline-variant-$label.log" | grep -E "^  (start|main|the run|outputs)|^one image|first step|steady|peak"
-    grep -hE "CLIP (load|forward)|T5 (load|forward|warm)|warmed up|transformer load|blocks.*GB/s|opened|memory check" \
+    grep -hE "CLIP (load|forward)|T5 (load|forward|warm)|warmed up|transformer load|blocks.*GB/s|opened|memory check|before main" \
       "$work/pipeline-variant-$label-files/diffpipe.log" | cut -c1-200 | head -16
   done
   elapsed "variants finished"
