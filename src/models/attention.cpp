@@ -20,10 +20,9 @@ bool fused_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
   return q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
 }
 
-bool flash_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                 const std::optional<at::Tensor>& bias) {
+// k and v match q's dtype and head_dim (fused_shapes), so q says it all.
+bool flash_takes(const at::Tensor& q, const std::optional<at::Tensor>& bias) {
   const int64_t head_dim = q.size(3);
-  (void)k, (void)v;  // fused_shapes has checked that they match q
   return !bias && half_precision(q.scalar_type()) && head_dim % 8 == 0 && head_dim <= 256;
 }
 
@@ -52,6 +51,25 @@ at::Tensor aligned_bias(const at::Tensor& bias, const at::Tensor& q, const at::T
   return b.expand({q.size(0), q.size(1), q.size(2), keys});
 }
 
+enum class Backend { flash, efficient, fallback };
+
+Backend choose_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& bias) {
+  if (!fused_shapes(q, k, v)) return Backend::fallback;
+  if (flash_takes(q, bias)) return Backend::flash;
+  if (efficient_takes(q, bias)) return Backend::efficient;
+  return Backend::fallback;
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::flash: return "flash";
+    case Backend::efficient: return "efficient";
+    case Backend::fallback: break;
+  }
+  return "default";
+}
+
 at::Tensor default_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::optional<at::Tensor>& bias, bool causal, std::optional<double> scale) {
   return at::scaled_dot_product_attention(q, k, v, bias, 0.0, causal, scale);
@@ -61,20 +79,17 @@ at::Tensor default_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 const char* encoder_attention_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const std::optional<at::Tensor>& bias) {
-  if (!fused_shapes(q, k, v)) return "default";
-  if (flash_takes(q, k, v, bias)) return "flash";
-  if (efficient_takes(q, bias)) return "efficient";
-  return "default";
+  return backend_name(choose_backend(q, k, v, bias));
 }
 
 at::Tensor encoder_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::optional<at::Tensor>& bias, bool causal, std::optional<double> scale) {
   const std::optional<at::Tensor> mask = bias && bias->defined() ? bias : std::nullopt;
-  const std::string backend = encoder_attention_backend(q, k, v, mask);
-  if (backend == "default" || (causal && q.size(2) != k.size(2)))
+  const Backend backend = choose_backend(q, k, v, mask);
+  if (backend == Backend::fallback || (causal && q.size(2) != k.size(2)))
     return default_attention(q, k, v, mask, causal, scale);
   try {
-    if (backend == "flash")
+    if (backend == Backend::flash)
       return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale));
     const std::optional<at::Tensor> aligned = mask ? std::optional<at::Tensor>(aligned_bias(*mask, q, k)) : std::nullopt;
     return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, aligned, false, 0.0, causal, scale));
@@ -82,7 +97,7 @@ at::Tensor encoder_attention(const at::Tensor& q, const at::Tensor& k, const at:
     // A build or device without the fused kernel: the default is the same arithmetic, with its first-use cost.
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true))
-      DP_WARN("attention: ", backend, " attention refused ", q.sizes(), " ", q.scalar_type(), " (",
+      DP_WARN("attention: ", backend_name(backend), " attention refused ", q.sizes(), " ", q.scalar_type(), " (",
               e.what_without_backtrace(), "); using LibTorch's default backend");
     return default_attention(q, k, v, mask, causal, scale);
   }
