@@ -23,7 +23,8 @@ struct EarlyState {
   pthread_t thread{};
   bool running = false;  // a thread was started and not yet joined
   int local_rank = -1;
-  int driver_device = -1;  // CUdevice handle of the retained context
+  int driver_device = -1;  // CUdevice handle of the context
+  CuPrimaryCtxRetain retain = nullptr;
   CuPrimaryCtxRelease release = nullptr;
   EarlyCudaStart result;
   std::mutex mutex;  // wait / release from the program's threads
@@ -39,40 +40,60 @@ F resolve(void* library, const char* name) {
   return reinterpret_cast<F>(dlsym(library, name));
 }
 
-void* start_driver(void*) {
-  EarlyState& s = state();
+// Runs in the constructor, on the loader's thread: everything that may load a library (dlopen, and cuInit,
+// which may open driver components of its own) happens here, in order with the other libraries' initialisers;
+// a second thread loading libraries while the loader still walks its list could run an initialiser twice.
+// Returns the driver ordinal to open, or -1 with the outcome recorded.
+int prepare_driver(EarlyState& s) {
   EarlyCudaStart& r = s.result;
-  r.began = std::chrono::steady_clock::now();
   void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // kept open: the runtime uses the same driver
-  const auto finish = [&](std::string outcome) {
-    r.outcome = std::move(outcome);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.began).count();
-    return nullptr;
-  };
-  if (driver == nullptr) return finish("no CUDA driver (libcuda.so.1 not found)");
+  if (driver == nullptr) {
+    r.outcome = "no CUDA driver (libcuda.so.1 not found)";
+    return -1;
+  }
   const auto init = resolve<CuInit>(driver, "cuInit");
   const auto count_devices = resolve<CuDeviceGetCount>(driver, "cuDeviceGetCount");
   const auto get_device = resolve<CuDeviceGet>(driver, "cuDeviceGet");
-  const auto retain = resolve<CuPrimaryCtxRetain>(driver, "cuDevicePrimaryCtxRetain");
-  auto release = resolve<CuPrimaryCtxRelease>(driver, "cuDevicePrimaryCtxRelease_v2");
-  if (release == nullptr) release = resolve<CuPrimaryCtxRelease>(driver, "cuDevicePrimaryCtxRelease");
-  if (!init || !count_devices || !get_device || !retain || !release)
-    return finish("the CUDA driver lacks an entry point this start uses");
-  if (const int code = init(0); code != 0) return finish("cuInit failed (CUresult " + std::to_string(code) + ")");
+  s.retain = resolve<CuPrimaryCtxRetain>(driver, "cuDevicePrimaryCtxRetain");
+  s.release = resolve<CuPrimaryCtxRelease>(driver, "cuDevicePrimaryCtxRelease_v2");
+  if (s.release == nullptr) s.release = resolve<CuPrimaryCtxRelease>(driver, "cuDevicePrimaryCtxRelease");
+  if (!init || !count_devices || !get_device || !s.retain || !s.release) {
+    r.outcome = "the CUDA driver lacks an entry point this start uses";
+    return -1;
+  }
+  if (const int code = init(0); code != 0) {
+    r.outcome = "cuInit failed (CUresult " + std::to_string(code) + ")";
+    return -1;
+  }
   int count = 0;
-  if (const int code = count_devices(&count); code != 0 || count <= 0) return finish("no CUDA device is visible");
+  if (const int code = count_devices(&count); code != 0 || count <= 0) {
+    r.outcome = "no CUDA device is visible";
+    return -1;
+  }
   // As runtime::rank_device picks it: the local rank modulo the visible devices.
   r.device = s.local_rank % count;
   int device = 0;
-  if (const int code = get_device(&device, r.device); code != 0)
-    return finish("cuDeviceGet(" + std::to_string(r.device) + ") failed (CUresult " + std::to_string(code) + ")");
+  if (const int code = get_device(&device, r.device); code != 0) {
+    r.outcome = "cuDeviceGet(" + std::to_string(r.device) + ") failed (CUresult " + std::to_string(code) + ")";
+    return -1;
+  }
+  return device;
+}
+
+// The thread: the primary context, the part that takes longest (about 0.1-0.15 s on an H100).
+void* create_context(void*) {
+  EarlyState& s = state();
+  EarlyCudaStart& r = s.result;
   void* context = nullptr;
-  if (const int code = retain(&context, device); code != 0)
-    return finish("creating the primary context failed (CUresult " + std::to_string(code) + ")");
-  s.driver_device = device;
-  s.release = release;
-  r.context = true;
-  return finish("driver and primary context of device " + std::to_string(r.device) + " ready");
+  const int code = s.retain(&context, s.driver_device);
+  if (code != 0) {
+    r.outcome = "creating the primary context failed (CUresult " + std::to_string(code) + ")";
+  } else {
+    r.context = true;
+    r.outcome = "driver and primary context of device " + std::to_string(r.device) + " ready";
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.began).count();
+  return nullptr;
 }
 
 void join_early_thread() {
@@ -83,7 +104,16 @@ void join_early_thread() {
   s.running = false;
 }
 
-const char* process_getenv(const char* name) { return std::getenv(name); }
+// The environment as the loader handed it to the constructor: running before libc's own initialiser, which
+// sets `environ`, the constructor finds std::getenv returning null for every name.
+char** g_environment = nullptr;
+
+const char* constructor_getenv(const char* name) {
+  const size_t length = std::strlen(name);
+  for (char** entry = g_environment; entry != nullptr && *entry != nullptr; ++entry)
+    if (std::strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return *entry + length + 1;
+  return nullptr;
+}
 
 int parse_rank(const char* text) {
   if (text == nullptr || *text == '\0') return -1;
@@ -92,17 +122,25 @@ int parse_rank(const char* text) {
   return (*end == '\0' && value >= 0 && value < 1 << 20) ? static_cast<int>(value) : -1;
 }
 
-// Run by the dynamic loader before main(); glibc passes the command line to ELF constructors.
-__attribute__((constructor)) void start_early_cuda(int argc, char** argv, char** /*environment*/) {
+// Run by the dynamic loader before main(), first of all the libraries' initialisers (linked -z initfirst);
+// glibc passes the command line to ELF constructors.
+__attribute__((constructor)) void start_early_cuda(int argc, char** argv, char** environment) {
   EarlyState& s = state();
+  g_environment = environment;
   std::string why;
-  s.local_rank = early_cuda_device(argc, argv, process_getenv, &why);
+  s.local_rank = early_cuda_device(argc, argv, constructor_getenv, &why);
   if (s.local_rank < 0) {
     s.result.outcome = why;
     return;
   }
   s.result.attempted = true;
-  if (pthread_create(&s.thread, nullptr, start_driver, nullptr) != 0) {
+  s.result.began = std::chrono::steady_clock::now();
+  s.driver_device = prepare_driver(s);
+  if (s.driver_device < 0) {
+    s.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.result.began).count();
+    return;
+  }
+  if (pthread_create(&s.thread, nullptr, create_context, nullptr) != 0) {
     s.result.outcome = "could not start a thread";
     return;
   }
@@ -118,8 +156,9 @@ int early_cuda_device(int argc, const char* const* argv, const char* (*getenv)(c
     if (why) *why = reason;
     return -1;
   };
-  if (const char* off = getenv("DIFFPIPE_EARLY_CUDA"); off != nullptr && std::strcmp(off, "0") == 0)
-    return refuse("DIFFPIPE_EARLY_CUDA=0");
+  // Opt-in until measured on a GPU (bench/RESULTS.md, 2026-12-05, session 4).
+  const char* setting = getenv("DIFFPIPE_EARLY_CUDA");
+  if (setting == nullptr || std::strcmp(setting, "1") != 0) return refuse("DIFFPIPE_EARLY_CUDA is not 1");
   // The command: the first argument that is not an option or the global --log-level's value (as main() reads it).
   int named = 0;
   for (int i = 1; i < argc && named == 0; ++i) {

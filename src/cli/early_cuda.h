@@ -2,16 +2,17 @@
 // The CUDA driver and the GPU's primary context, started before main().
 //
 // A `generate` on a GPU spends its first 0.3-0.5 s in the dynamic loader running LibTorch's static initialisers
-// (bench/RESULTS.md, 2026-12-05), one core busy and the GPU idle; after main() it then waits about 0.25 s more
-// for cuInit and the context. Linked into diffpipe-torch as a shared library of its own, whose constructor
-// runs among the loader's first, this starts both on a thread of their own while LibTorch initialises: the
-// CUDA runtime later finds the primary context made and only attaches to it.
+// (bench/RESULTS.md, 2026-12-05), one core busy and the GPU idle; after main() it then waits for cuInit and the
+// primary context. Linked into diffpipe-torch as a shared library of its own, whose constructor runs first of
+// all the libraries' initialisers (-z initfirst), this loads the driver and runs cuInit there, in order with the
+// loader's work (anything that may load a library stays on the loader's thread), and creates the primary
+// context on a thread of its own while LibTorch initialises: the CUDA runtime later finds the context made.
 //
-// It starts only when the command line asks for `generate` without `--device cpu` (nor --help, --dry-run),
-// in a process that is alone (no launcher environment) or launched by Open MPI's mpirun, whose local rank
-// names the device: the device the runtime will pick (runtime::rank_device: local rank modulo the visible
-// devices). DIFFPIPE_EARLY_CUDA=0 turns it off. It dlopens the driver, so a machine without one runs as
-// before. This library needs neither LibTorch nor MPI (only libc and the loader).
+// Opt-in (DIFFPIPE_EARLY_CUDA=1) until measured on a GPU: written in a session whose GPU calls were refused.
+// It starts only when the command line asks for `generate` without `--device cpu` (nor --help, --dry-run), in
+// a process that is alone (no launcher environment) or launched by Open MPI's mpirun, whose local rank names
+// the device: the device the runtime will pick (runtime::rank_device: local rank modulo the visible devices).
+// It dlopens the driver, so a machine without one runs as before. This library needs neither LibTorch nor MPI.
 #include <chrono>
 #include <string>
 
@@ -22,8 +23,8 @@ struct EarlyCudaStart {
   bool attempted = false;       // the command line and environment asked for it
   bool context = false;         // the primary context of `device` is made and retained
   int device = -1;              // the driver's ordinal among the visible devices
-  std::chrono::steady_clock::time_point began;  // when the thread started (before main() when it worked)
-  double seconds = 0;           // the driver's load, cuInit and the primary context
+  std::chrono::steady_clock::time_point began;  // when the constructor began loading the driver
+  double seconds = 0;           // the driver's load and cuInit (before the thread) and the primary context
   std::string outcome;          // what happened, for the log ("" when not attempted)
 };
 

@@ -99,10 +99,11 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
 
 // Whether the warm-up can run on the loop's thread while the blocks load (load_warming_up_beside): on CUDA, with
 // room to spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's
-// own stage). DIFFPIPE_WARM_UP_BESIDE_LOAD=0 keeps the warm-up after the load, for comparisons.
+// own stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1) until measured on a GPU: written in a session whose GPU
+// calls were refused (bench/RESULTS.md, 2026-12-05, session 4).
 bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
   const char* setting = std::getenv("DIFFPIPE_WARM_UP_BESIDE_LOAD");
-  if (setting != nullptr && std::string(setting) == "0") return false;
+  if (setting == nullptr || std::string(setting) != "1") return false;
   return run.options.warm_up && run.device.is_cuda() && run.options.max_memory.empty() && mine.offloaded.empty() &&
          !run.request.lora;
 }
