@@ -101,6 +101,12 @@ fi
 # VARIANTS="label|VAR=value ...|generate options;...": more diffpipe runs at --log-level debug, each with its own
 # environment and options (e.g. "eager|CUDA_MODULE_LOADING=EAGER|;readers12|DIFFPIPE_LOAD_THREADS=12|--load-overlap on"),
 # with the encoders' and the loads' lines of each log.
+# VARIANTS=opt-in: the start-up paths that are opt-in until measured (DIFFPIPE_EARLY_CUDA=1,
+# DIFFPIPE_WARM_UP_BESIDE_LOAD=1) against the default, both ways round, and each alone.
+if [ "${VARIANTS:-}" = opt-in ]; then
+  both="DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1"
+  VARIANTS="default||;both|$both|;default2||;both2|$both|;early|DIFFPIPE_EARLY_CUDA=1|;beside|DIFFPIPE_WARM_UP_BESIDE_LOAD=1|"
+fi
 if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
   IFS=';' read -ra variants <<< "$VARIANTS"
   for variant in "${variants[@]}"; do
