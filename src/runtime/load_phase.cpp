@@ -97,15 +97,15 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
   });
 }
 
-// Whether the warm-up can run on the loop's thread while the blocks load (load_warming_up_beside): on CUDA, with
-// room to spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's
-// own stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1) until measured on a GPU: written in a session whose GPU
-// calls were refused (bench/RESULTS.md, 2026-12-05, session 4).
+// Whether the warm-up can run on the loop's thread while the blocks load (load_warming_up_beside): with room to
+// spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's own
+// stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1) until measured on a GPU: written in a session whose GPU calls
+// were refused (bench/RESULTS.md, 2026-12-05, session 4). Meant for CUDA; on the CPU it only gives the tests a
+// way through the same code (the warm-up and the readers then share the cores).
 bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
   const char* setting = std::getenv("DIFFPIPE_WARM_UP_BESIDE_LOAD");
   if (setting == nullptr || std::string(setting) != "1") return false;
-  return run.options.warm_up && run.device.is_cuda() && run.options.max_memory.empty() && mine.offloaded.empty() &&
-         !run.request.lora;
+  return run.options.warm_up && run.options.max_memory.empty() && mine.offloaded.empty() && !run.request.lora;
 }
 
 // The staged load with the warm-up beside it. The warm-up needs blocks with weights, and the loop's thread (cuDNN
@@ -125,7 +125,8 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
   const auto started = std::chrono::steady_clock::now();
   auto reading = std::async(std::launch::async, [&] {
     c10::InferenceMode inference;  // per thread, as is the device
-    c10::OptionalDeviceGuard device_guard(run.device);
+    c10::OptionalDeviceGuard device_guard;
+    if (run.device.is_cuda()) device_guard.reset_device(run.device);
     return on_loader_stream(run.device, [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
   });
   const int64_t rows = std::min(run.options.microbatch_size, run.batch());

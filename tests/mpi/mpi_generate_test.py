@@ -817,13 +817,43 @@ def case_calibrate_on_load(binary, model, tmp, ranks):
     expect_bounded_failure(command, "ranks with and without --calibrate-on-load", ["disagree", f"ranks {ranks - 1}:"])
 
 
+def case_start_up_paths(binary, model, tmp, ranks):
+    # The opt-in start-up paths (DIFFPIPE_EARLY_CUDA=1: on a machine without a CUDA driver it says so and starts
+    # nothing; DIFFPIPE_WARM_UP_BESIDE_LOAD=1: the blocks' warm-up beside their load) leave the latents as they
+    # were, in one process and on every rank.
+    code, output, _ = run([binary] + generate_args(model, tmp / "default.h5"))
+    if code != 0:
+        fail(f"one process exited {code}:\n{output}")
+    reference = latents(tmp / "default.h5")
+    opt_in = ["env", "DIFFPIPE_EARLY_CUDA=1", "DIFFPIPE_WARM_UP_BESIDE_LOAD=1"]
+    for world in (1, ranks):
+        out = tmp / f"opt-in-{world}.h5"
+        launcher = mpirun(world) if world > 1 else []
+        code, output, seconds = run(opt_in + launcher + [binary, "--log-level", "debug"] + generate_args(model, out))
+        if code != 0:
+            fail(f"{world} rank(s) with the opt-in paths exited {code}:\n{output}")
+        got = latents(out)
+        if got.shape != reference.shape or not np.array_equal(got, reference):
+            fail(f"{world} rank(s) with the opt-in paths: latents differ from the default run")
+        lines = output.splitlines()
+        for rank in range(world):
+            tag = f"[rank {rank}] " if world > 1 else ""
+            mine = [l for l in lines if tag in l]
+            if not any("CUDA started before main(): " in l for l in mine):
+                fail(f"rank {rank} does not say what the early CUDA start did:\n{output}")
+            if not any("while the blocks loaded" in l for l in mine):
+                fail(f"rank {rank} did not warm its blocks up beside their load:\n{output}")
+        print(f"{world} rank(s) with DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1: bit-identical to the "
+              f"default ({seconds:.1f} s)")
+
+
 CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,
          "bad-component-map": case_bad_component_map,
          "equal": case_equal, "microbatches": case_microbatches, "fail-at-load": case_fail_at_load,
          "killed-rank": case_killed_rank, "map-too-big": case_map_too_big, "disagreement": case_disagreement,
          "report": case_report, "transport-mpi": case_transport_mpi, "nccl-on-cpu": case_nccl_on_cpu,
          "offload": case_offload, "lora": case_lora, "calibration": case_calibration,
-         "calibrate-on-load": case_calibrate_on_load}
+         "calibrate-on-load": case_calibrate_on_load, "start-up-paths": case_start_up_paths}
 
 
 if __name__ == "__main__":
