@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -104,16 +105,7 @@ void join_early_thread() {
   s.running = false;
 }
 
-// The environment as the loader handed it to the constructor: running before libc's own initialiser, which
-// sets `environ`, the constructor finds std::getenv returning null for every name.
-char** g_environment = nullptr;
-
-const char* constructor_getenv(const char* name) {
-  const size_t length = std::strlen(name);
-  for (char** entry = g_environment; entry != nullptr && *entry != nullptr; ++entry)
-    if (std::strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return *entry + length + 1;
-  return nullptr;
-}
+const char* process_getenv(const char* name) { return std::getenv(name); }
 
 int parse_rank(const char* text) {
   if (text == nullptr || *text == '\0') return -1;
@@ -125,10 +117,13 @@ int parse_rank(const char* text) {
 // Run by the dynamic loader before main(), first of all the libraries' initialisers (linked -z initfirst);
 // glibc passes the command line to ELF constructors.
 __attribute__((constructor)) void start_early_cuda(int argc, char** argv, char** environment) {
+  // Running before libc's own initialiser, which sets `environ` from the same array: until then getenv() finds
+  // nothing, for this code and for the driver's cuInit, which reads CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and
+  // CUDA_MODULE_LOADING once and for the whole process. Set here as libc would.
+  if (environ == nullptr) environ = environment;
   EarlyState& s = state();
-  g_environment = environment;
   std::string why;
-  s.local_rank = early_cuda_device(argc, argv, constructor_getenv, &why);
+  s.local_rank = early_cuda_device(argc, argv, process_getenv, &why);
   if (s.local_rank < 0) {
     s.result.outcome = why;
     return;
