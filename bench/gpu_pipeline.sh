@@ -102,10 +102,12 @@ fi
 # environment and options (e.g. "eager|CUDA_MODULE_LOADING=EAGER|;readers12|DIFFPIPE_LOAD_THREADS=12|--load-overlap on"),
 # with the encoders' and the loads' lines of each log.
 # VARIANTS=opt-in: the start-up paths that are opt-in until measured (DIFFPIPE_EARLY_CUDA=1,
-# DIFFPIPE_WARM_UP_BESIDE_LOAD=1) against the default, both ways round, and each alone.
+# DIFFPIPE_WARM_UP_BESIDE_LOAD=1, DIFFPIPE_PROGRESSIVE_STAGING=1) against the default, both ways round, and each
+# alone.
 if [ "${VARIANTS:-}" = opt-in ]; then
-  both="DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1"
-  VARIANTS="default||;both|$both|;default2||;both2|$both|;early|DIFFPIPE_EARLY_CUDA=1|;beside|DIFFPIPE_WARM_UP_BESIDE_LOAD=1|"
+  all="DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1 DIFFPIPE_PROGRESSIVE_STAGING=1"
+  VARIANTS="default||;all|$all|;default2||;all2|$all|;early|DIFFPIPE_EARLY_CUDA=1|"
+  VARIANTS+=";beside|DIFFPIPE_WARM_UP_BESIDE_LOAD=1|;progressive|DIFFPIPE_PROGRESSIVE_STAGING=1|"
 fi
 if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
   IFS=';' read -ra variants <<< "$VARIANTS"
@@ -117,7 +119,7 @@ if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
     bounded env $vars python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
       --json "$work/pipeline-variant-$label.json" --only diffpipe --diffpipe-args "--log-level debug $args" "$@" 2>&1 \
       | tee "$work/pipeline-variant-$label.log" | grep -E "^  (start|main|the run|outputs)|^one image|first step|steady|peak"
-    grep -hE "CLIP (load|forward)|T5 (load|forward|warm)|warmed up|transformer load|blocks.*GB/s|opened|memory check|before main" \
+    grep -hE "CLIP (load|forward)|T5 (load|forward|warm)|warmed up|transformer load|blocks.*GB/s|opened|memory check|before main|pinned" \
       "$work/pipeline-variant-$label-files/diffpipe.log" | cut -c1-200 | head -16
   done
   elapsed "variants finished"

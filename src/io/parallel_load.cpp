@@ -38,6 +38,20 @@ std::mutex policy_mutex;
 // prepare_pinned_staging's thread, which the CUDA readers wait for before taking their chunks.
 std::mutex staging_mutex;
 std::shared_future<void> staging_pinned;
+// With DIFFPIPE_PROGRESSIVE_STAGING=1, the chunks pinned one at a time instead, which readers take as they come
+// (io/pinned_staging.h). Never deleted: its memory is the driver's to return when the process ends, and
+// freeing pinned memory from a static destructor may find the CUDA runtime already unloaded.
+StagingChunks* staging_chunks = nullptr;
+
+bool progressive_staging_requested() {
+  const char* setting = std::getenv("DIFFPIPE_PROGRESSIVE_STAGING");
+  return setting != nullptr && std::strcmp(setting, "1") == 0;
+}
+
+StagingChunks* progressive_staging() {
+  std::lock_guard<std::mutex> lock(staging_mutex);
+  return staging_chunks;
+}
 LoadPolicy policy;
 
 struct Piece {
@@ -137,12 +151,38 @@ void wait_for_pinned_staging() {
 
 void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated) {
   c10::cuda::CUDAGuard guard(device.index());
-  wait_for_pinned_staging();
+  // Two chunks: from the progressive staging as they are pinned, or else from LibTorch's pinned cache (where
+  // prepare_pinned_staging put them, or pinned here).
+  StagingChunks* progressive = progressive_staging();
+  std::vector<void*> taken;
+  if (progressive != nullptr && progressive->chunk_bytes() >= job.piece_bytes) {
+    const auto work_taken = [&job] { return job.failed.load() || job.next.load() >= job.pieces.size(); };
+    taken = progressive->take(2, work_taken, std::chrono::seconds(30));
+    if (taken.empty() && work_taken()) return;  // the readers that had chunks did this load's work
+  } else {
+    wait_for_pinned_staging();
+  }
+  // Back when this reader ends, however it ends: after its stream's last copy from them (the loop below
+  // synchronizes the stream on every path that issued a copy).
+  struct GiveBack {
+    StagingChunks* to;
+    const std::vector<void*>& chunks;
+    ~GiveBack() {
+      if (to != nullptr) to->give_back(chunks);
+    }
+  } give_back{progressive, taken};
+  at::Tensor cached[2];
+  void* chunks[2] = {nullptr, nullptr};
+  for (int c = 0; c < 2; ++c) {
+    if (taken.size() == 2) {
+      chunks[c] = taken[static_cast<std::size_t>(c)];
+    } else {
+      cached[c] = at::empty({static_cast<int64_t>(job.piece_bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      chunks[c] = cached[c].data_ptr();
+    }
+  }
   const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
   check_cuda(cudaStreamWaitEvent(stream.stream(), allocated, 0), "waiting for the outputs' stream");
-  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
-  at::Tensor chunks[2] = {at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned),
-                          at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned)};
   cudaEvent_t copied[2] = {nullptr, nullptr};
   bool in_flight[2] = {false, false};
   std::size_t count = 0;
@@ -156,10 +196,9 @@ void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated)
       const int slot = static_cast<int>(count++ % 2);
       if (in_flight[slot]) check_cuda(cudaEventSynchronize(copied[slot]), "waiting for a staging copy");
       // pread, not a copy out of the mapping: no page of it gets mapped (SafetensorsFile::read).
-      job.files[current->tensor]->read(*job.infos[current->tensor], current->offset, current->size,
-                                       chunks[slot].data_ptr());
+      job.files[current->tensor]->read(*job.infos[current->tensor], current->offset, current->size, chunks[slot]);
       auto* target = static_cast<std::byte*>(job.outputs[current->tensor].data_ptr()) + current->offset;
-      check_cuda(cudaMemcpyAsync(target, chunks[slot].data_ptr(), current->size, cudaMemcpyHostToDevice, stream.stream()),
+      check_cuda(cudaMemcpyAsync(target, chunks[slot], current->size, cudaMemcpyHostToDevice, stream.stream()),
                  "cudaMemcpyAsync to the device");
       check_cuda(cudaEventRecord(copied[slot], stream.stream()), "cudaEventRecord");
       in_flight[slot] = true;
@@ -215,9 +254,23 @@ void prepare_pinned_staging(const at::Device& device) {
 #ifdef DIFFPIPE_HAVE_CUDA
   if (!device.is_cuda()) return;
   std::lock_guard<std::mutex> lock(staging_mutex);
-  if (staging_pinned.valid()) return;
+  if (staging_pinned.valid() || staging_chunks != nullptr) return;
   const int64_t chunk = static_cast<int64_t>(load_policy().piece_bytes);
   const int chunks = 2 * load_threads();
+  if (progressive_staging_requested()) {
+    const auto index = device.index();
+    staging_chunks = new StagingChunks(
+        static_cast<std::size_t>(chunk), chunks,
+        [index](std::size_t bytes) {
+          c10::cuda::CUDAGuard guard(index);
+          void* memory = nullptr;
+          // Portable: pinned for every context, whichever one a reader's copy runs in.
+          check_cuda(cudaHostAlloc(&memory, bytes, cudaHostAllocPortable), "cudaHostAlloc of a staging chunk");
+          return memory;
+        },
+        [](void* memory) { cudaFreeHost(memory); });
+    return;
+  }
   staging_pinned = std::async(std::launch::async, [device, chunk, chunks] {
     try {
       c10::cuda::CUDAGuard guard(device.index());
@@ -370,6 +423,12 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
     history.push_back(figures);
   }
   return result;
+}
+
+std::optional<StagingChunks::Progress> progressive_staging_progress() {
+  const StagingChunks* chunks = progressive_staging();
+  if (chunks == nullptr) return std::nullopt;
+  return chunks->progress();
 }
 
 std::vector<LoadFigures> load_history() {

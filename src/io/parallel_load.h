@@ -12,9 +12,11 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "io/pinned_staging.h"
 #include "io/weight_index.h"
 
 namespace dp::io {
@@ -82,6 +84,11 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
 // for 256 MB on an H100, bench/first_use.py), which the first load paid before its first read. Called once the
 // device is known, before the loads; readers that start earlier wait for it. A no-op off CUDA or when called again.
 void prepare_pinned_staging(const at::Device& device);
+
+// With DIFFPIPE_PROGRESSIVE_STAGING=1 (opt-in until measured on a GPU), prepare_pinned_staging pins the chunks
+// one at a time and readers take them as they come (io/pinned_staging.h): how far that pinning got, or nothing
+// when this process stages otherwise.
+std::optional<StagingChunks::Progress> progressive_staging_progress();
 
 // Every parallel load of this process so far, in order (a run's report lists them).
 std::vector<LoadFigures> load_history();

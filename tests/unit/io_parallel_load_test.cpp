@@ -293,5 +293,31 @@ TEST(ParallelLoad, CudaStagingGivesTheSequentialBits) {
   }
 }
 
+// DIFFPIPE_PROGRESSIVE_STAGING=1: the chunks pinned one at a time and taken as they come give the same bits.
+TEST(ParallelLoad, CudaProgressiveStagingGivesTheSequentialBits) {
+  DP_TEST_NEED_CUDA();
+  const LoadThreads threads(6);
+  ASSERT_EQ(::setenv("DIFFPIPE_PROGRESSIVE_STAGING", "1", 1), 0);
+  const at::Device cuda(at::kCUDA, 0);
+  io::prepare_pinned_staging(cuda);
+  const auto progress = io::progressive_staging_progress();
+  // No other test prepares the staging: this one's call is the process's first, so the chunks are progressive.
+  ASSERT_TRUE(progress.has_value()) << "the staging was prepared before this test, without the progressive chunks";
+  const std::string dir = write_sharded_transformer("parallel-load-cuda-progressive");
+  const auto index = io::WeightIndex::open_dir(dir);
+  const auto loaded = io::load_parallel(index, {}, cuda);  // starts while the chunks are still being pinned
+  for (const auto& name : index.names()) {
+    const at::Tensor parallel = loaded->take(name, at::kBFloat16);
+    ASSERT_TRUE(parallel.defined() && parallel.is_cuda()) << name;
+    EXPECT_TRUE(same_bits(parallel.cpu(), io::load_tensor(index, name, at::kBFloat16, cuda).cpu())) << name;
+  }
+  for (int i = 0; i < 30000 && !io::progressive_staging_progress()->finished; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto done = *io::progressive_staging_progress();
+  EXPECT_TRUE(done.finished);
+  EXPECT_EQ(done.pinned, 12) << done.error;  // two for each of the 6 readers
+  EXPECT_TRUE(done.error.empty()) << done.error;
+}
+
 }  // namespace
 }  // namespace dp
