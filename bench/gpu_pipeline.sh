@@ -122,6 +122,8 @@ if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
     grep -hE "CLIP (load|forward)|T5 (load|forward|warm)|warmed up|transformer load|blocks.*GB/s|opened|memory check|before main|pinned" \
       "$work/pipeline-variant-$label-files/diffpipe.log" | cut -c1-200 | head -16
   done
+  # Side by side, as ratios to the runs labelled default* (VARIANTS_BASELINE=LABEL picks others).
+  python3 "$here/bench/variants_summary.py" --baseline "${VARIANTS_BASELINE:-default}" "$work"/pipeline-variant-*.json
   elapsed "variants finished"
 fi
 
