@@ -54,10 +54,12 @@ models::flux::SequenceShard sequence_shard(const RunContext& run) {
   return shard;
 }
 
-void warm_up(const RunContext& run, const pipeline::FluxStage& stage, const char* note) {
+// Warms `stages` up (FluxStage::warm_up) at the run's microbatch rows, on this thread, and logs it.
+void warm_up(const RunContext& run, const std::vector<const pipeline::FluxStage*>& stages, const std::string& note) {
   const int64_t rows = std::min(run.options.microbatch_size, run.batch());
-  const double seconds =
-      pipeline::run_phase(run.world.rank(), "warming up the blocks", [&] { return stage.warm_up(rows); });
+  double seconds = 0;
+  for (const pipeline::FluxStage* stage : stages)
+    seconds += pipeline::run_phase(run.world.rank(), "warming up the blocks", [&] { return stage->warm_up(rows); });
   DP_INFO("rank ", run.world.rank(), ": warmed up one block of each kind at ", rows, " row(s) in ", std::fixed,
           std::setprecision(3), seconds, " s", note);
 }
@@ -129,11 +131,11 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
     if (run.device.is_cuda()) device_guard.reset_device(run.device);
     return on_loader_stream(run.device, [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
   });
-  const int64_t rows = std::min(run.options.microbatch_size, run.batch());
-  double warming = 0;
   try {
-    for (const auto& sample : samples)
-      warming += pipeline::run_phase(run.world.rank(), "warming up the blocks", [&] { return sample->warm_up(rows); });
+    std::vector<const pipeline::FluxStage*> sampled;
+    for (const auto& sample : samples) sampled.push_back(sample.get());
+    warm_up(run, sampled, str(" on the loop's thread while the blocks loaded (the sample blocks read apart first in ",
+                              human_seconds(sampling), ")"));
   } catch (...) {
     reading.wait();  // the helper reads through references to this frame
     throw;
@@ -142,9 +144,6 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
   loaded.stage = reading.get();
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
-  DP_INFO("rank ", run.world.rank(), ": warmed up one block of each kind at ", rows, " row(s) in ", std::fixed,
-          std::setprecision(3), warming, " s on the loop's thread while the blocks loaded (the sample blocks read apart ",
-          "first in ", sampling, " s)");
   log_loaded(run, mine, loaded);
   return loaded;
 }
@@ -193,7 +192,7 @@ LoadedStage load_phase(const RunContext& run) {
   loaded.stage = read_blocks(run, *mine, mine->first_block, mine->last_block, true);
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
-  if (run.options.warm_up) warm_up(run, *loaded.stage, "");
+  if (run.options.warm_up) warm_up(run, {loaded.stage.get()}, "");
   log_loaded(run, *mine, loaded);
   return loaded;
 }
@@ -330,7 +329,8 @@ LoadedStage take_loaded_stage(RunContext& run) {
   LoadedStage loaded = run.early_load.get();
   // The loader thread's warm-up loaded the kernels for the whole process, but cuBLAS, cuDNN and their plan
   // caches are per thread in LibTorch: once more here, on the thread that runs the loop, now cheap.
-  if (run.options.warm_up && loaded.stage && run.device.is_cuda()) warm_up(run, *loaded.stage, " on the loop's thread");
+  if (run.options.warm_up && loaded.stage && run.device.is_cuda())
+    warm_up(run, {loaded.stage.get()}, " on the loop's thread");
   return loaded;
 }
 
