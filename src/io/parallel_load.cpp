@@ -171,13 +171,14 @@ void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated)
       if (to != nullptr) to->give_back(chunks);
     }
   } give_back{progressive, taken};
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
   at::Tensor cached[2];
   void* chunks[2] = {nullptr, nullptr};
   for (int c = 0; c < 2; ++c) {
     if (taken.size() == 2) {
       chunks[c] = taken[static_cast<std::size_t>(c)];
     } else {
-      cached[c] = at::empty({static_cast<int64_t>(job.piece_bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      cached[c] = at::empty({static_cast<int64_t>(job.piece_bytes)}, pinned);
       chunks[c] = cached[c].data_ptr();
     }
   }

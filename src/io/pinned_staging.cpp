@@ -8,7 +8,10 @@
 namespace dp::io {
 
 StagingChunks::StagingChunks(std::size_t bytes, int count, Pin pin, Unpin unpin)
-    : bytes_(bytes), count_(count), unpin_(std::move(unpin)), pinning_([this, pin = std::move(pin)] { pin_all(pin); }) {}
+    : bytes_(bytes),
+      count_(count),
+      unpin_(std::move(unpin)),
+      pinning_([this, pin = std::move(pin)] { pin_all(pin); }) {}
 
 StagingChunks::~StagingChunks() {
   if (pinning_.joinable()) pinning_.join();

@@ -129,7 +129,8 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
     c10::InferenceMode inference;  // per thread, as is the device
     c10::OptionalDeviceGuard device_guard;
     if (run.device.is_cuda()) device_guard.reset_device(run.device);
-    return on_loader_stream(run.device, [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
+    return on_loader_stream(run.device,
+                            [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
   });
   try {
     std::vector<const pipeline::FluxStage*> sampled;
