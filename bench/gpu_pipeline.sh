@@ -101,12 +101,11 @@ fi
 # VARIANTS="label|VAR=value ...|generate options;...": more diffpipe runs at --log-level debug, each with its own
 # environment and options (e.g. "eager|CUDA_MODULE_LOADING=EAGER|;readers12|DIFFPIPE_LOAD_THREADS=12|--load-overlap on"),
 # with the encoders' and the loads' lines of each log.
-# VARIANTS=opt-in: the start-up paths that are opt-in until measured (DIFFPIPE_EARLY_CUDA=1,
-# DIFFPIPE_WARM_UP_BESIDE_LOAD=1, DIFFPIPE_PROGRESSIVE_STAGING=1) against the default, both ways round, and each
-# alone.
+# VARIANTS=opt-in: the start-up paths against the default, both ways round, then each alone: the two that are
+# opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1, DIFFPIPE_PROGRESSIVE_STAGING=1) and the early CUDA start turned off.
 if [ "${VARIANTS:-}" = opt-in ]; then
-  all="DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1 DIFFPIPE_PROGRESSIVE_STAGING=1"
-  VARIANTS="default||;all|$all|;default2||;all2|$all|;early|DIFFPIPE_EARLY_CUDA=1|"
+  all="DIFFPIPE_WARM_UP_BESIDE_LOAD=1 DIFFPIPE_PROGRESSIVE_STAGING=1"
+  VARIANTS="default||;all|$all|;default2||;all2|$all|;no-early|DIFFPIPE_EARLY_CUDA=0|"
   VARIANTS+=";beside|DIFFPIPE_WARM_UP_BESIDE_LOAD=1|;progressive|DIFFPIPE_PROGRESSIVE_STAGING=1|"
 fi
 if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then

@@ -8,8 +8,9 @@
 // loader's work (anything that may load a library stays on the loader's thread), and creates the primary
 // context on a thread of its own while LibTorch initialises: the CUDA runtime later finds the context made.
 //
-// Opt-in (DIFFPIPE_EARLY_CUDA=1) until measured on a GPU: written in a session whose GPU calls were refused.
-// It starts only when the command line asks for `generate` without `--device cpu` (nor --help, --dry-run), in
+// Measured on an H100: the context ready about 0.2 s after the process started, main() to the run 0.04-0.08 s
+// instead of 0.20 s, 0.12 s less from command to PNG (bench/RESULTS.md, 2026-12-05, session 4).
+// DIFFPIPE_EARLY_CUDA=0 turns it off. It starts only when the command line asks for `generate` without `--device cpu` (nor --help, --dry-run), in
 // a process that is alone (no launcher environment) or launched by Open MPI's mpirun, whose local rank names
 // the device: the device the runtime will pick (runtime::rank_device: local rank modulo the visible devices).
 // It dlopens the driver, so a machine without one runs as before. This library needs neither LibTorch nor MPI.

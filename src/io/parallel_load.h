@@ -85,7 +85,7 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
 // device is known, before the loads; readers that start earlier wait for it. A no-op off CUDA or when called again.
 void prepare_pinned_staging(const at::Device& device);
 
-// With DIFFPIPE_PROGRESSIVE_STAGING=1 (opt-in until measured on a GPU), prepare_pinned_staging pins the chunks
+// With DIFFPIPE_PROGRESSIVE_STAGING=1 (opt-in), prepare_pinned_staging pins the chunks
 // one at a time and readers take them as they come (io/pinned_staging.h): how far that pinning got, or nothing
 // when this process stages otherwise.
 std::optional<StagingChunks::Progress> progressive_staging_progress();

@@ -5,8 +5,9 @@
 // and waited about 85 ms for all of it (bench/RESULTS.md, 2026-12-05, session 4). From here a reader starts as
 // soon as two chunks are pinned; one that gets none before its load's work is all taken does nothing.
 //
-// Opt-in (DIFFPIPE_PROGRESSIVE_STAGING=1, io/parallel_load.cpp) until measured on a GPU. Device-agnostic: the
-// pinning is a function (cudaHostAlloc on CUDA), so that the tests run it on the CPU.
+// Opt-in (DIFFPIPE_PROGRESSIVE_STAGING=1, io/parallel_load.cpp): on an H100 whose pinning took 75 ms it gained
+// nothing from command to PNG (bench/RESULTS.md, 2026-12-05, session 4); it is for hosts that pin slowly.
+// Device-agnostic: the pinning is a function (cudaHostAlloc on CUDA), so that the tests run it on the CPU.
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>

@@ -101,9 +101,9 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
 
 // Whether the warm-up can run on the loop's thread while the blocks load (load_warming_up_beside): with room to
 // spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's own
-// stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1) until measured on a GPU: written in a session whose GPU calls
-// were refused (bench/RESULTS.md, 2026-12-05, session 4). Meant for CUDA; on the CPU it only gives the tests a
-// way through the same code (the warm-up and the readers then share the cores).
+// stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1): on an H100 it took 0.04 s off the blocks' load and warm-up
+// but reading the samples cost 0.06 s, no gain from command to PNG (bench/RESULTS.md, 2026-12-05, session 4).
+// Meant for CUDA; on the CPU it only gives the tests a way through the same code.
 bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
   const char* setting = std::getenv("DIFFPIPE_WARM_UP_BESIDE_LOAD");
   if (setting == nullptr || std::string(setting) != "1") return false;

@@ -818,9 +818,9 @@ def case_calibrate_on_load(binary, model, tmp, ranks):
 
 
 def case_start_up_paths(binary, model, tmp, ranks):
-    # The opt-in start-up paths (DIFFPIPE_EARLY_CUDA=1: on a machine without a CUDA driver it says so and starts
-    # nothing; DIFFPIPE_WARM_UP_BESIDE_LOAD=1: the blocks' warm-up beside their load) leave the latents as they
-    # were, in one process and on every rank.
+    # The start-up paths (the early CUDA start, on by default, named anyway: on a machine without a CUDA driver
+    # it says so and starts nothing; DIFFPIPE_WARM_UP_BESIDE_LOAD=1, opt-in: the blocks' warm-up beside their
+    # load) leave the latents as the default run's, in one process and on every rank.
     code, output, _ = run([binary] + generate_args(model, tmp / "default.h5"))
     if code != 0:
         fail(f"one process exited {code}:\n{output}")

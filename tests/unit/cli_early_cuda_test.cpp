@@ -56,13 +56,13 @@ TEST_F(EarlyCuda, LeavesOtherCommandsAndCpuRunsAlone) {
   EXPECT_EQ(decide({"generate", "--dry-run"}), -1);
 }
 
-TEST_F(EarlyCuda, IsOptIn) {
+TEST_F(EarlyCuda, IsOnUnlessTurnedOff) {
   std::string why;
   environment.erase("DIFFPIPE_EARLY_CUDA");
-  EXPECT_EQ(decide({"generate"}, &why), -1);
-  EXPECT_EQ(why, "DIFFPIPE_EARLY_CUDA is not 1");
+  EXPECT_EQ(decide({"generate"}), 0);
   environment["DIFFPIPE_EARLY_CUDA"] = "0";
-  EXPECT_EQ(decide({"generate"}), -1);
+  EXPECT_EQ(decide({"generate"}, &why), -1);
+  EXPECT_EQ(why, "DIFFPIPE_EARLY_CUDA=0");
 }
 
 TEST_F(EarlyCuda, UnderALauncherOnlyOpenMpisLocalRankNamesTheDevice) {
@@ -131,7 +131,7 @@ TEST(EarlyCudaStart, OpenMpisLocalRankPicksTheDeviceAsTheRuntimeWould) {
 
 TEST(EarlyCudaStart, NothingStartsUnlessAsked) {
   for (const auto& [variables, args] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{}, "generate"}, {{"DIFFPIPE_EARLY_CUDA=1"}, "generate --device cpu"}, {{"DIFFPIPE_EARLY_CUDA=1"}, "plan"}}) {
+           {{"DIFFPIPE_EARLY_CUDA=0"}, "generate"}, {{}, "generate --device cpu"}, {{}, "plan"}}) {
     auto got = probe(variables, args);
     EXPECT_EQ(got["attempted"], "0") << args;
     EXPECT_EQ(got["driver_loaded"], "0") << args;
