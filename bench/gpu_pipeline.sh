@@ -17,6 +17,7 @@
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
 #   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4); VARIANTS adds diffpipe runs (see below).
+#   FP8_PROBE=1 also times FP8 GEMMs against bf16 and the image they give (bench/fp8_probe.py).
 #   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
 # The folder (33.7 GB) is written once per machine with `make-random --pipeline` (so its files are in the page
@@ -124,6 +125,14 @@ if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
   # Side by side, as ratios to the runs labelled default* (VARIANTS_BASELINE=LABEL picks others).
   python3 "$here/bench/variants_summary.py" --baseline "${VARIANTS_BASELINE:-default}" "$work"/pipeline-variant-*.json
   elapsed "variants finished"
+fi
+
+# FP8_PROBE=1: what FP8 GEMMs would give the step and cost the image (bench/fp8_probe.py, diffusers' pipeline).
+if [ "${FP8_PROBE:-0}" = 1 ] && enough 150; then
+  bounded python3 "$here/bench/fp8_probe.py" --model "$model" --json "$work/pipeline-fp8-probe.json" \
+    > "$work/fp8-probe.log" 2>&1
+  grep -v -i "warn" "$work/fp8-probe.log" | tail -20
+  elapsed "FP8 probe finished"
 fi
 
 tests_status=0
