@@ -173,6 +173,9 @@ def main() -> int:
     # The activations' quantiser as one kernel (a row's amax, the division and the cast); eager is four.
     quantize, how = quantize_rows, "eager (four kernels)"
     try:
+        # One compilation per input shape: a step has about a dozen, past dynamo's default limit of 8 (beyond
+        # it the quantiser silently ran eager, on 2026-12-05).
+        torch._dynamo.config.recompile_limit = 64
         compiled = torch.compile(quantize_rows, dynamic=False)
         compiled(torch.randn(64, 3072, device="cuda", dtype=torch.bfloat16))
         quantize, how = compiled, "torch.compile (one kernel)"

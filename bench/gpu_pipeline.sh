@@ -54,7 +54,8 @@ TP=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TP" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_PYTHON="$(command -v python3)" >> "$work/build.log" 2>&1 \
   || { tail -30 "$work/build.log"; exit 1; }
-bounded ninja -C "$build" diffpipe_cli pipeline_flux_test io_parallel_load_test models_attention_test >> "$work/build.log" 2>&1 \
+bounded ninja -C "$build" diffpipe_cli pipeline_flux_test io_parallel_load_test models_attention_test models_fp8_gemm_test \
+  models_flux_test >> "$work/build.log" 2>&1 \
   || { grep -E "error|FAILED" "$work/build.log" | head -20; tail -20 "$work/build.log"; exit 1; }
 elapsed "built diffpipe_cli and the CUDA tests"
 
@@ -123,7 +124,8 @@ if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
       "$work/pipeline-variant-$label-files/diffpipe.log" | cut -c1-200 | head -16
   done
   # Side by side, as ratios to the runs labelled default* (VARIANTS_BASELINE=LABEL picks others).
-  python3 "$here/bench/variants_summary.py" --baseline "${VARIANTS_BASELINE:-default}" "$work"/pipeline-variant-*.json
+  python3 "$here/bench/variants_summary.py" --baseline "${VARIANTS_BASELINE:-default}" \
+    --reference "$work/pipeline-all-files/diffusers.png" "$work"/pipeline-variant-*.json
   elapsed "variants finished"
 fi
 
@@ -154,10 +156,17 @@ ref="$build/reference"
 if [ "${SKIP_TESTS:-0}" = 1 ]; then
   elapsed "SKIP_TESTS=1: the CUDA tests did not run"
 elif enough 120; then
-  if bounded python3 "$here/tests/reference/generate_all.py" --out "$ref" --only pipeline > "$work/oracle.log" 2>&1; then
+  if bounded python3 "$here/tests/reference/generate_all.py" --out "$ref" --only pipeline --only flux \
+      > "$work/oracle.log" 2>&1; then
     DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" DIFFPIPE_SOURCE_DIR="$here" \
       bounded "$build/tests/unit/pipeline_flux_test" --gtest_filter='*Cuda*' > "$work/cuda_pipeline_tests.log" 2>&1
     oracle_status=$?
+    # --fp8-gemms: the quantiser kernel and _scaled_mm against the CPU, the transformer against diffusers.
+    DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" bounded "$build/tests/unit/models_fp8_gemm_test" \
+      > "$work/cuda_fp8_tests.log" 2>&1 || oracle_status=1
+    DIFFPIPE_REQUIRE_CUDA=1 DIFFPIPE_REFERENCE_DIR="$ref" bounded "$build/tests/unit/models_flux_test" \
+      --gtest_filter='*Cuda*' >> "$work/cuda_fp8_tests.log" 2>&1 || oracle_status=1
+    grep -E "against|FP8|fp8|FAILED|PASSED" "$work/cuda_fp8_tests.log" | head -20
     grep -E "relative|PSNR|OK \]|FAILED|PASSED" "$work/cuda_pipeline_tests.log" | head -20
     [ "$oracle_status" = 0 ] || { tail -30 "$work/cuda_pipeline_tests.log"; tests_status=1; }
   else

@@ -1,8 +1,9 @@
 """The diffpipe runs of `bench/gpu_pipeline.sh`'s VARIANTS side by side, each as a ratio to the baseline runs'
 mean (the variants whose label starts with --baseline, `default` unless told): command start to PNG, its parts
 before the run, the encode and CLIP's forward, the blocks' load, the first step against a steady one, the steady
-step and the peak. Figures only: nothing passes or fails here.
-    python3 bench/variants_summary.py [--baseline default] WORK/pipeline-variant-*.json
+step, the peak and, with --reference, each image's PSNR against that image (diffusers'). Figures only: nothing
+passes or fails here.
+    python3 bench/variants_summary.py [--baseline default] [--reference diffusers.png] WORK/pipeline-variant-*.json
 """
 import argparse
 import json
@@ -10,6 +11,8 @@ import pathlib
 import re
 import statistics
 import sys
+
+from pipeline_gpu_generate import psnr
 
 GB = 1e9
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -23,7 +26,7 @@ def seconds_in_log(log: pathlib.Path, pattern: str):
     return float(match.group(1)) * UNITS[match.group(2)] if match else None
 
 
-def figures(path: pathlib.Path) -> dict:
+def figures(path: pathlib.Path, reference) -> dict:
     ours = json.loads(path.read_text())["diffpipe"]
     log = path.with_name(path.stem + "-files") / "diffpipe.log"
     stages = {s["name"]: s for s in ours["stages"]}
@@ -39,12 +42,14 @@ def figures(path: pathlib.Path) -> dict:
         "first / steady step": ours.get("first_step_ratio"),
         "steady step (ms)": ours.get("ms_per_step"),
         "peak (GB)": max((s.get("peak_device_bytes") or 0) for s in ours["stages"]) / GB,
+        "PSNR (dB)": psnr(log.with_name("diffpipe.png"), reference) if reference and reference.exists() else None,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default="default", help="label prefix of the runs the ratios are to")
+    parser.add_argument("--reference", type=pathlib.Path, help="the image each run's PSNR is measured against")
     parser.add_argument("results", nargs="+", help="pipeline-variant-LABEL.json files")
     args = parser.parse_args()
     runs = {}
@@ -52,7 +57,7 @@ def main() -> int:
         path = pathlib.Path(name)
         label = path.stem.removeprefix("pipeline-variant-")
         try:
-            runs[label] = figures(path)
+            runs[label] = figures(path, args.reference)
         except (OSError, KeyError, ValueError) as e:
             print(f"{label}: no figures ({e})")
     if not runs:

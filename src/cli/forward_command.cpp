@@ -26,6 +26,7 @@
 #include "core/output_policy.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
+#include "models/flux/fp8_gemm.h"
 #include "models/lora.h"
 #include "models/lora_check.h"
 #include "pipeline/latent_layout.h"
@@ -39,6 +40,7 @@ struct ForwardOptions {
   std::string dtype, device = "auto", stages, inputs, save;
   int repeat = 3, warmup = 1, threads = 0;
   bool cuda_graph = false;
+  bool fp8_gemms = false;
   std::vector<std::string> lora;  // [NAME=]FILE[:SCALE]
   std::string lora_mode = "fused";
   uint64_t seed = 0;
@@ -198,6 +200,7 @@ void run_forward(ForwardOptions o) {
     lora = std::make_shared<const models::LoraSet>(std::move(adapters), models::parse_lora_mode(o.lora_mode),
                                                    std::vector<models::AdapterWeights>{weights_of_adapters});
   }
+  if (o.fp8_gemms) models::flux::set_fp8_gemms_enabled(true);
   std::vector<models::FluxTransformer> stages;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     models::FluxParts parts{s == 0, bounds[s], bounds[s + 1], s + 2 == bounds.size()};
@@ -302,6 +305,7 @@ CommandRegistrar registrar("forward", 40, [](CLI::App& root) {
   cmd->add_option("--inputs", o->inputs, "read inputs from a safetensors file (input.* tensors) instead");
   cmd->add_option("--save", o->save, "write inputs and output to this safetensors file");
   cmd->add_flag("--cuda-graph", o->cuda_graph, "capture the forward in a CUDA graph and time its replays");
+  cmd->add_flag("--fp8-gemms", o->fp8_gemms, "the blocks' projections as FP8 GEMMs, as generate takes it");
   cmd->add_option("--lora", o->lora, "a LoRA adapter, [NAME=]FILE[:SCALE], as generate takes it; repeatable");
   cmd->add_option("--lora-mode", o->lora_mode, "fused or unfused, as generate takes it")->capture_default_str();
   cmd->callback([o] { run_reporting_torch_errors([&] { run_forward(*o); }); });

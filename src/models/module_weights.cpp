@@ -58,16 +58,17 @@ Linear Linear::concat(const std::vector<Linear>& parts) {
   std::vector<at::Tensor> weights, biases;
   std::vector<const Linear*> pointers;
   for (const auto& p : parts) {
+    DP_CHECK(!p.weight_scale.defined(), "FP8 layers are not concatenated: concatenate, then quantise");
     weights.push_back(p.weight);
     biases.push_back(p.bias);
     pointers.push_back(&p);
   }
-  return {at::cat(weights, 0), at::cat(biases, 0), LowRankAdapters::concat(pointers)};
+  return {at::cat(weights, 0), at::cat(biases, 0), LowRankAdapters::concat(pointers), at::Tensor()};
 }
 
 Linear Linear::map(const std::function<at::Tensor(const at::Tensor&)>& f) const {
   const auto mapped = [&](const at::Tensor& t) { return t.defined() ? f(t) : t; };
-  return {mapped(weight), mapped(bias), adapters ? adapters->map(f) : nullptr};
+  return {mapped(weight), mapped(bias), adapters ? adapters->map(f) : nullptr, mapped(weight_scale)};
 }
 
 void Linear::add_adapters(at::Tensor& y, const at::Tensor& x) const { adapters->add_to(y, x); }

@@ -78,15 +78,17 @@ class ModuleWeights {
 // y = x W^T + b, the nn.Linear convention; `bias` may be undefined. With unfused LoRA adapters (models/lora.h)
 // their low-rank outputs are added to y.
 struct Linear {
-  at::Tensor weight;
+  at::Tensor weight;  // (out, in); FP8 e4m3 when weight_scale is defined
   at::Tensor bias;
   std::shared_ptr<const LowRankAdapters> adapters;
+  // (out,) fp32: the per-channel scale of an FP8 weight (models/flux/fp8_gemm.h); undefined otherwise.
+  at::Tensor weight_scale;
   // Loads `name`'s weight and bias, with the scope's LoRA adapters merged in or attached.
   static Linear load(const ModuleWeights& w, const std::string& name, int64_t in, int64_t out, bool with_bias = true);
   // Rows stacked in order (q, k and v as one GEMM), adapters included.
   static Linear concat(const std::vector<Linear>& parts);
   at::Tensor operator()(const at::Tensor& x) const {
-    at::Tensor y = at::linear(x, weight, bias);
+    at::Tensor y = weight_scale.defined() ? fp8_product(x) : at::linear(x, weight, bias);
     if (adapters) add_adapters(y, x);
     return y;
   }
@@ -96,6 +98,7 @@ struct Linear {
 
  private:
   void add_adapters(at::Tensor& y, const at::Tensor& x) const;
+  at::Tensor fp8_product(const at::Tensor& x) const;  // models/flux/fp8_gemm.cpp
 };
 
 }  // namespace dp::models

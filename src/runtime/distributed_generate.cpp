@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "io/parallel_load.h"
+#include "models/flux/fp8_gemm.h"
 #include "pipeline/device_stats.h"
 #include "pipeline/encoder_warm_up.h"
 #include "runtime/agree_phase.h"
@@ -88,6 +89,12 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   start_trace(run);
   run.device = rank_device(request.device, run.world);
   cap_device_memory(run);
+  if (options.fp8_gemms) models::flux::set_fp8_gemms_enabled(true);  // or DIFFPIPE_FP8_GEMMS=1
+  if (models::flux::fp8_gemms_enabled()) {
+    models::flux::check_fp8_gemms_supported(request.dtype, run.device);
+    DP_INFO("rank ", run.world.rank(), ": the transformer blocks' projections run as FP8 GEMMs (--fp8-gemms): e4m3 "
+            "weights with a scale per channel, inputs with a scale per token");
+  }
   // Read-ahead holds a component in its file's dtype until the model takes each tensor; under a cap, tensors
   // stored wider than the run dtype are read one by one instead.
   io::LoadPolicy load_policy = io::load_policy();

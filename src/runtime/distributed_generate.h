@@ -44,6 +44,8 @@ struct RuntimeOptions {
   // Run one block of each kind on zeros once the blocks are loaded (FluxStage::warm_up), so that step 1 costs
   // what later steps cost; --no-warm-up turns it off.
   bool warm_up = true;
+  // --fp8-gemms: the blocks' projections run as FP8 GEMMs (models/flux/fp8_gemm.h); checked before any load.
+  bool fp8_gemms = false;
   // --trace: rank 0 writes every rank's timeline here as Chrome trace-event JSON (runtime/trace_file.h).
   std::string trace_path;
   CheckpointOptions checkpoints;

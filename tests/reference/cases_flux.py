@@ -2,8 +2,11 @@
 """Oracle for the FLUX transformer: tiny random FluxTransformer2DModel folders and diffusers' outputs.
 
 For each case: OUT/<case>/transformer/ (save_pretrained, safetensors), OUT/<case>/io.safetensors with the
-inputs and the fp32 output, plus a bf16 output from the same weights cast by diffusers."""
+inputs and the fp32 output, plus a bf16 output from the same weights cast by diffusers, and "fp8" outputs: the
+fp32 and the bf16 model with the blocks' projections replaced by the definition of diffpipe's --fp8-gemms (e4m3
+with a scale per weight row and per token, dequantised and multiplied in fp32, rounded to the model's dtype)."""
 import argparse
+import copy
 import json
 import pathlib
 
@@ -31,6 +34,38 @@ CASES = {
                     axes_dims_rope=[4, 14, 14]),
         batch=2, grid=(6, 4), text_len=11, guidance=4.0),
 }
+
+
+def fp8_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row rounded to e4m3 after scaling its largest magnitude to 448, and scaled back, in fp32."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / torch.tensor(448.0)
+    return (x.float() / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+class Fp8Linear(torch.nn.Module):
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight = fp8_rows(linear.weight.detach())
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+
+    def forward(self, x):
+        return torch.nn.functional.linear(fp8_rows(x), self.weight, self.bias).to(x.dtype)
+
+
+def with_fp8_projections(model: FluxTransformer2DModel) -> FluxTransformer2DModel:
+    """A copy whose block Linears (not the modulation rows, named norm*) are Fp8Linear where both sizes are
+    multiples of 16, the FP8 tensor cores' granularity; the others stay as they are, as in diffpipe."""
+    model = copy.deepcopy(model)
+    for blocks in (model.transformer_blocks, model.single_transformer_blocks):
+        for block in blocks:
+            for name, module in list(block.named_modules()):
+                if not isinstance(module, torch.nn.Linear) or "norm" in name:
+                    continue
+                if module.in_features % 16 or module.out_features % 16:
+                    continue
+                parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
+                setattr(parent, name.rsplit(".", 1)[-1], Fp8Linear(module))
+    return model
 
 
 def image_ids(rows: int, cols: int) -> torch.Tensor:
@@ -66,8 +101,8 @@ def make_case(out: pathlib.Path, name: str, spec: dict, seed: int) -> None:
     if spec["guidance"] is not None:
         inputs["guidance"] = torch.full((b,), spec["guidance"], dtype=torch.float32)
 
-    def run(dtype: torch.dtype) -> torch.Tensor:
-        m = model.to(dtype)
+    def run(dtype: torch.dtype, fp8: bool = False) -> torch.Tensor:
+        m = with_fp8_projections(model.to(dtype)) if fp8 else model.to(dtype)
         with torch.inference_mode():
             args = {k: (v.to(dtype) if k not in ("img_ids", "txt_ids", "guidance", "timestep") else v)
                     for k, v in inputs.items()}
@@ -75,7 +110,9 @@ def make_case(out: pathlib.Path, name: str, spec: dict, seed: int) -> None:
 
     tensors = {f"input.{k}": v.contiguous() for k, v in inputs.items()}
     tensors["output.fp32"] = run(torch.float32).contiguous()
+    tensors["output.fp8_fp32"] = run(torch.float32, fp8=True).contiguous()  # before the cast below, in place
     tensors["output.bf16"] = run(torch.bfloat16).contiguous()
+    tensors["output.fp8"] = run(torch.bfloat16, fp8=True).contiguous()
     save_file(tensors, str(case_dir / "io.safetensors"))
     (case_dir / "case.json").write_text(json.dumps({"name": name, **{k: v for k, v in spec.items() if k != "config"}}))
 

@@ -14,6 +14,7 @@
 #include "io/safetensors_writer.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
+#include "models/flux/fp8_gemm.h"
 #include "test_support.h"
 
 namespace dp::models {
@@ -25,6 +26,8 @@ struct OracleCase {
   std::string transformer_dir;
   FluxInputs inputs;
   at::Tensor expected_fp32, expected_bf16;
+  // diffusers' fp32 and bf16 models with the FP8 definition in their block projections
+  at::Tensor expected_fp8_fp32, expected_fp8;
 };
 
 OracleCase load_case(const std::string& name) {
@@ -45,6 +48,8 @@ OracleCase load_case(const std::string& name) {
   c.inputs.guidance = get("input.guidance");
   c.expected_fp32 = get("output.fp32");
   c.expected_bf16 = get("output.bf16");
+  c.expected_fp8_fp32 = get("output.fp8_fp32");
+  c.expected_fp8 = get("output.fp8");
   return c;
 }
 
@@ -141,6 +146,55 @@ TEST_P(FluxOracle, AnySplitEqualsNoSplit) {
 
 INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracle, ::testing::ValuesIn(kCases));
 
+// --fp8-gemms against its definition run by diffusers (cases_flux.py), in root-mean-square relative errors. A
+// rounding to e4m3 is 16 times coarser than one to bf16, so where an input differs by one bf16 ulp its FP8 value
+// may flip a whole step: the tight comparison is in fp32 on the CPU (the definition holds for any dtype there),
+// and in bf16 the output must be nearer the FP8 reference than the unquantised one. Where no projection is a
+// multiple of 16 wide (no_guidance_batch2) nothing converts and the references are equal.
+struct Fp8Errors {
+  double to_fp8 = 0, to_unquantised = 0;
+};
+
+double rms_relative_error(const at::Tensor& actual, const at::Tensor& expected) {
+  const at::Tensor difference = actual.to(at::kDouble) - expected.to(at::kDouble);
+  return difference.pow(2).mean().sqrt().item<double>() / expected.to(at::kDouble).pow(2).mean().sqrt().item<double>();
+}
+
+Fp8Errors fp8_forward_errors(const OracleCase& c, at::ScalarType dtype, at::Device device) {
+  flux::set_fp8_gemms_enabled(true);
+  const auto model = FluxTransformer::load(c.transformer_dir, dtype, device);
+  flux::set_fp8_gemms_enabled(false);
+  FluxInputs inputs = cast_inputs(c.inputs, dtype);
+  for (at::Tensor* t : {&inputs.hidden_states, &inputs.encoder_hidden_states, &inputs.pooled_projections,
+                        &inputs.timestep, &inputs.img_ids, &inputs.txt_ids, &inputs.guidance})
+    if (t->defined()) *t = t->to(device);
+  const at::Tensor out = model.forward(inputs).cpu();
+  const bool fp32 = dtype == at::kFloat;
+  return {rms_relative_error(out, fp32 ? c.expected_fp8_fp32 : c.expected_fp8),
+          rms_relative_error(out, fp32 ? c.expected_fp32 : c.expected_bf16)};
+}
+
+void expect_fp8_errors(const Fp8Errors& e, const at::Tensor& fp8_reference, const at::Tensor& unquantised,
+                       double bound) {
+  EXPECT_LE(e.to_fp8, bound);
+  if (!at::equal(fp8_reference, unquantised)) {
+    EXPECT_LT(e.to_fp8, e.to_unquantised) << "nearer the unquantised output: were the projections converted?";
+  }
+}
+
+TEST_P(FluxOracle, Fp8GemmsMatchTheirDefinition) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const Fp8Errors e = fp8_forward_errors(c, at::kFloat, at::kCPU);
+  std::cout << GetParam() << ": --fp8-gemms on the CPU in fp32, rms relative error to the FP8 reference " << e.to_fp8
+            << ", to fp32 " << e.to_unquantised << "\n";
+  expect_fp8_errors(e, c.expected_fp8_fp32, c.expected_fp32, 1e-4);  // as the fp32 oracle: summation order only
+  const Fp8Errors bf16 = fp8_forward_errors(c, at::kBFloat16, at::kCPU);
+  std::cout << GetParam() << ": the same in bf16: " << bf16.to_fp8 << " to the FP8 reference, " << bf16.to_unquantised
+            << " to bf16\n";
+  expect_fp8_errors(bf16, c.expected_fp8, c.expected_bf16, 2e-2);
+}
+
 // The same oracle on the GPU. CI machines have none, so these skip there; bench/gpu.sh sets
 // DIFFPIPE_REQUIRE_CUDA=1, which turns a missing GPU into a failure.
 class FluxOracleCuda : public ::testing::TestWithParam<std::string> {
@@ -176,6 +230,16 @@ TEST_P(FluxOracleCuda, Bf16MatchesDiffusers) {
   // Flash attention and cuBLAS bf16 kernels round intermediate results differently from the CPU kernels,
   // so allow eight bf16 ulps of the output scale (3.2e-2); a wrong formula gives errors of order one.
   EXPECT_LE(err, 3.2e-2);
+}
+
+TEST_P(FluxOracleCuda, Fp8GemmsMatchTheirDefinition) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case(GetParam());
+  const Fp8Errors e = fp8_forward_errors(c, at::kBFloat16, at::kCUDA);
+  std::cout << GetParam() << ": --fp8-gemms on CUDA, rms relative error to the FP8 reference " << e.to_fp8
+            << ", to bf16 " << e.to_unquantised << "\n";
+  // bf16 only on CUDA; _scaled_mm and flash attention round in other places than the CPU.
+  expect_fp8_errors(e, c.expected_fp8, c.expected_bf16, 3e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracleCuda, ::testing::ValuesIn(kCases));

@@ -205,7 +205,7 @@ TEST(FusedLinearGelu, CpuFallbackMatchesLinearThenGeluDefinitions) {
   c10::InferenceMode guard;
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     const at::Tensor x = random({2, 7, 48}, 40, dtype);
-    const Linear layer{(random({40, 48}, 41) / 4).to(dtype), random({40}, 42, dtype), nullptr};
+    const Linear layer{(random({40, 48}, 41) / 4).to(dtype), random({40}, 42, dtype), nullptr, {}};
     // diffusers rounds the linear's output to the storage type before the GELU.
     const at::Tensor expected = plain_gelu_tanh(plain_linear(x, layer).to(dtype));
     const at::Tensor dst = at::zeros({2, 7, 64}, x.options());
@@ -216,7 +216,7 @@ TEST(FusedLinearGelu, CpuFallbackMatchesLinearThenGeluDefinitions) {
     // Linear itself (module_weights.h), which the blocks' other projections use.
     expect_matches_definition(layer(x), plain_linear(x, layer), dtype == at::kFloat ? 8 : 1, "Linear");
   }
-  const Linear layer{random({40, 48}, 43), random({40}, 44), nullptr};
+  const Linear layer{random({40, 48}, 43), random({40}, 44), nullptr, {}};
   EXPECT_THROW(linear_gelu_tanh_into(random({2, 7, 47}, 45), layer, at::empty({2, 7, 40})), Error);
   EXPECT_THROW(linear_gelu_tanh_into(random({2, 7, 48}, 46), layer, at::empty({2, 7, 39})), Error);
 }
@@ -322,7 +322,7 @@ TEST_P(FusedCuda, LinearGeluMatchesAten) {
   for (const int64_t n : {1536, 40}) {
     const at::Tensor x = random({2, 129, k}, 50, dtype, at::kCUDA);
     const Linear layer{(random({n, k}, 51, at::kFloat, at::kCUDA) / std::sqrt(static_cast<double>(k))).to(dtype),
-                       random({n}, 52, dtype, at::kCUDA) * 0.5, nullptr};
+                       random({n}, 52, dtype, at::kCUDA) * 0.5, nullptr, {}};
     auto [fused, reference] = both_paths([&] {
       const at::Tensor dst = at::zeros({2, 129, n + 16}, x.options());
       linear_gelu_tanh_into(x, layer, dst.narrow(-1, 16, n));

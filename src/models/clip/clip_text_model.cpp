@@ -80,7 +80,7 @@ double ClipTextModel::warm_up(const ClipTextConfig& c, at::ScalarType dtype, at:
   model.token_embedding_ = zeros({1, d});
   model.position_embedding_ = zeros({c.max_position_embeddings, d});
   const auto norm = [&] { return LayerNorm{zeros({d}), zeros({d}), c.layer_norm_eps}; };
-  const auto linear = [&](int64_t in, int64_t out) { return Linear{zeros({out, in}), zeros({out}), nullptr}; };
+  const auto linear = [&](int64_t in, int64_t out) { return Linear{zeros({out, in}), zeros({out}), nullptr, at::Tensor()}; };
   EncoderLayer layer;
   layer.layer_norm1 = norm();
   layer.q_proj = linear(d, d);

@@ -184,8 +184,9 @@ void linear_gelu_tanh_into(const at::Tensor& x, const Linear& layer, const at::T
                out.size(1) == x.size(1) && out.size(2) == layer.weight.size(0),
            "linear ", layer.weight.sizes(), " on input ", x.sizes(), " does not give output ", out.sizes());
 #ifdef DIFFPIPE_HAVE_CUDA
-  // Unfused LoRA adapters add to the linear's output before the GELU: no epilogue for those.
-  if (use_kernels(x) && layer.bias.defined() && !layer.adapters && x.is_contiguous() &&
+  // Unfused LoRA adapters add to the linear's output before the GELU: no epilogue for those; nor for FP8
+  // weights, whose GEMM (layer's own) rounds its output before the GELU kernel reads it.
+  if (use_kernels(x) && layer.bias.defined() && !layer.adapters && !layer.weight_scale.defined() && x.is_contiguous() &&
       out.scalar_type() == x.scalar_type() && out.device() == x.device()) {
     const c10::cuda::CUDAGuard guard(x.device());
     // view, not reshape: the GEMM must write into `out` itself, never into a copy of it.

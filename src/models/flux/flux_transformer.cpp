@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "models/flux/flux_fused.h"
+#include "models/flux/fp8_gemm.h"
 #include "models/flux/flux_layers.h"
 
 namespace dp::models {
@@ -65,6 +66,9 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
   // Streamed on the CPU too (to the host), so that every CPU test of an offloading map runs the same slots,
   // prefetch and copies as a GPU.
   std::map<int64_t, OffloadedWeights> streamed = parts.offloaded;
+  // FP8 GEMMs for the blocks held on the device; streamed blocks keep their checkpoint's dtype.
+  const bool fp8 = flux::fp8_gemms_enabled();
+  if (fp8) flux::check_fp8_gemms_supported(dtype, device);
   for (int64_t b = parts.first_block; b < parts.last_block; ++b) {
     if (streamed.count(b)) {
       // A placeholder keeps the vectors indexed by block; the weights come from offloaded_ per use.
@@ -73,11 +77,12 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
       continue;
     }
     if (b < config.num_layers) {
-      model.double_blocks_.push_back(flux::DoubleBlock::load(root.child("transformer_blocks." + std::to_string(b)), config));
+      auto block = flux::DoubleBlock::load(root.child("transformer_blocks." + std::to_string(b)), config);
+      model.double_blocks_.push_back(fp8 ? flux::to_fp8(block) : std::move(block));
     } else {
       const int64_t s = b - config.num_layers;
-      model.single_blocks_.push_back(
-          flux::SingleBlock::load(root.child("single_transformer_blocks." + std::to_string(s)), config));
+      auto block = flux::SingleBlock::load(root.child("single_transformer_blocks." + std::to_string(s)), config);
+      model.single_blocks_.push_back(fp8 ? flux::to_fp8(block) : std::move(block));
     }
   }
   if (!streamed.empty()) model.offloaded_ = std::make_shared<OffloadedBlocks>(root.without_read_ahead(), config, std::move(streamed));

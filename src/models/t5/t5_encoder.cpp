@@ -147,17 +147,17 @@ double T5Encoder::warm_up(const T5Config& c, at::ScalarType dtype, at::Device de
   Block block;
   block.attention_norm = {zeros({d}, dtype), c.layer_norm_epsilon};
   block.ff_norm = {zeros({d}, dtype), c.layer_norm_epsilon};
-  block.q = {zeros({inner, d}, dtype), {}, nullptr};
-  block.k = {zeros({inner, d}, dtype), {}, nullptr};
-  block.v = {zeros({inner, d}, dtype), {}, nullptr};
-  block.o = {zeros({d, inner}, dtype), {}, nullptr};
+  block.q = {zeros({inner, d}, dtype), {}, nullptr, {}};
+  block.k = {zeros({inner, d}, dtype), {}, nullptr, {}};
+  block.v = {zeros({inner, d}, dtype), {}, nullptr, {}};
+  block.o = {zeros({d, inner}, dtype), {}, nullptr, {}};
   if (c.is_gated_act) {
-    block.wi_0 = {zeros({c.d_ff, d}, dtype), {}, nullptr};
-    block.wi_1 = {zeros({c.d_ff, d}, dtype), {}, nullptr};
+    block.wi_0 = {zeros({c.d_ff, d}, dtype), {}, nullptr, {}};
+    block.wi_1 = {zeros({c.d_ff, d}, dtype), {}, nullptr, {}};
   } else {
-    block.wi = {zeros({c.d_ff, d}, dtype), {}, nullptr};
+    block.wi = {zeros({c.d_ff, d}, dtype), {}, nullptr, {}};
   }
-  block.wo = {zeros({d, c.d_ff}, dtype == at::kHalf ? at::kFloat : dtype), {}, nullptr};
+  block.wo = {zeros({d, c.d_ff}, dtype == at::kHalf ? at::kFloat : dtype), {}, nullptr, {}};
   model.blocks_.push_back(std::move(block));
   model.final_layer_norm_ = {zeros({d}, dtype), c.layer_norm_epsilon};
   const at::Tensor ids = at::zeros({batch, seq}, at::TensorOptions().dtype(at::kLong));
