@@ -86,6 +86,16 @@ TEST(Fp8Linear, ProductIsTheDequantisedOperandsProduct) {
   EXPECT_GT(drift, 0.0);
 }
 
+TEST(Fp8Rows, JoinedRowsAreTheConcatenationThroughItsGelu) {
+  const at::Tensor attention = random({9, 32}, 10, at::kBFloat16), mlp = random({9, 64}, 11, at::kBFloat16) * 4;
+  const Fp8Rows joined = quantize_rows_fp8(attention, false, mlp, true);
+  const Fp8Rows expected = quantize_rows_fp8(at::cat({attention, at::gelu(mlp, "tanh")}, 1));
+  EXPECT_TRUE(at::equal(joined.scales, expected.scales));
+  EXPECT_TRUE(at::equal(joined.values.view(at::kByte), expected.values.view(at::kByte)));
+  EXPECT_THROW(quantize_rows_fp8(attention, false, mlp.slice(0, 1), true), Error) << "rows must pair up";
+  EXPECT_THROW(quantize_rows_fp8(attention, false, mlp.to(at::kFloat), true), Error) << "one dtype";
+}
+
 TEST(Fp8Support, TheCpuEmulatesAnyDtype) {
   EXPECT_NO_THROW(check_fp8_gemms_supported(at::kFloat, at::kCPU));
   EXPECT_NO_THROW(check_fp8_gemms_supported(at::kBFloat16, at::kCPU));
@@ -109,6 +119,22 @@ TEST_F(Fp8Cuda, QuantiserKernelGivesTheAtenBits) {
                                                                                                    << columns;
     }
   }
+}
+
+TEST_F(Fp8Cuda, JoinedRowsMatchTheirConcatenationOnTheGpu) {
+  // The kernel's GELU against ATen's CUDA GELU, then the plain quantiser: the same formula, so the same codes.
+  const at::Tensor attention = random({300, 3072}, 12, at::kBFloat16).cuda();
+  const at::Tensor mlp = (random({300, 12288}, 13, at::kBFloat16) * 3).cuda();
+  const Fp8Rows joined = quantize_rows_fp8(attention, false, mlp, true);
+  const Fp8Rows expected = quantize_rows_fp8(at::cat({attention, at::gelu(mlp, "tanh")}, 1));
+  EXPECT_TRUE(at::equal(joined.scales, expected.scales));
+  const double differing =
+      (joined.values.view(at::kByte) != expected.values.view(at::kByte)).to(at::kDouble).mean().item<double>();
+  std::cout << "joined rows against ATen's GELU and concatenation: " << differing * 100 << "% of codes differ\n";
+  EXPECT_LE(differing, 1e-3);
+  // The MLP's own path: the hidden layer alone through its GELU.
+  const Fp8Rows hidden = quantize_rows_fp8(mlp, true, at::Tensor(), false);
+  EXPECT_TRUE(at::allclose(hidden.scales, quantize_rows_fp8(at::gelu(mlp, "tanh")).scales, 1e-2, 0));
 }
 
 TEST_F(Fp8Cuda, ScaledGemmMatchesTheCpuDefinition) {

@@ -1,6 +1,7 @@
 #include "models/flux/flux_blocks.h"
 
 #include "models/flux/flux_fused.h"
+#include "models/flux/fp8_gemm.h"
 
 namespace dp::models::flux {
 namespace {
@@ -10,6 +11,12 @@ at::Tensor clip_if_half(const at::Tensor& x) {
 }
 
 at::Tensor feed_forward(const Linear& in, const Linear& out, const at::Tensor& x) {
+  if (takes_fp8_rows(out)) {
+    // --fp8-gemms: the hidden layer reaches FP8 through its GELU in one pass, never stored after the GELU.
+    const at::Tensor hidden = in(x);
+    const Fp8Rows rows = quantize_rows_fp8(hidden.reshape({-1, hidden.size(-1)}), true, at::Tensor(), false);
+    return fp8_product(rows, out, x.scalar_type()).view({x.size(0), x.size(1), -1});
+  }
   return out(linear_gelu_tanh(x, in));
 }
 
@@ -167,6 +174,22 @@ void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
   const int64_t mlp_dim = proj_mlp.weight.size(0);
   AttentionInputs attention_in =
       empty_attention_inputs(normed.size(0), normed.size(1), dim / head_dim, head_dim, normed.options());
+  if (takes_fp8_rows(attn.qkv) && takes_fp8_rows(proj_mlp) && takes_fp8_rows(proj_out)) {
+    // --fp8-gemms: q|k|v and the MLP read one quantised copy of the normed rows, and proj_out reads
+    // [attention | gelu(mlp)] quantised in one pass instead of a joined buffer.
+    const auto tokens = [&](const at::Tensor& rows) { return rows.view({normed.size(0), normed.size(1), -1}); };
+    const Fp8Rows normed_rows = quantize_rows_fp8(normed.reshape({-1, dim}));
+    fill_attention_inputs(tokens(fp8_product(normed_rows, attn.qkv, normed.scalar_type())), attn.norm_q, attn.norm_k,
+                          rope, 0, attention_in);
+    const at::Tensor mlp = fp8_product(normed_rows, proj_mlp, normed.scalar_type());
+    const at::Tensor attention = group_attention(attention_in.q, attention_in.k, attention_in.v, shard);
+    const Fp8Rows mixed_rows = quantize_rows_fp8(attention.reshape({-1, dim}), false, mlp, true);
+    const at::Tensor projected = tokens(fp8_product(mixed_rows, proj_out, normed.scalar_type()));
+    const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], projected));
+    text = joint.slice(1, 0, text_len);
+    image = joint.slice(1, text_len);
+    return;
+  }
   fill_attention_inputs(attn.qkv(normed), attn.norm_q, attn.norm_k, rope, 0, attention_in);
   // proj_out reads [attention, gelu(mlp)]: both are written straight into one buffer instead of concatenated.
   const at::Tensor mixed = at::empty({normed.size(0), normed.size(1), dim + mlp_dim}, normed.options());

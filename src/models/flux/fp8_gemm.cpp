@@ -50,13 +50,19 @@ kernels::ElementType element_type(at::ScalarType type) {
   }
 }
 
-Fp8Rows quantize_rows_kernel(const at::Tensor& x) {
-  const int64_t rows = x.size(0), columns = x.size(1);
-  Fp8Rows out{at::empty({rows, columns}, x.options().dtype(at::kFloat8_e4m3fn)),
-              at::empty({rows, 1}, x.options().dtype(at::kFloat))};
-  kernels::quantize_rows_fp8(element_type(x.scalar_type()), x.data_ptr(), rows, columns, x.stride(0),
-                             out.values.data_ptr(), out.scales.data_ptr<float>(),
-                             c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+// A (rows, columns) matrix whose rows are `row_stride` elements apart, or an undefined tensor (no columns).
+kernels::Fp8Segment segment(const at::Tensor& x, bool gelu) {
+  if (!x.defined()) return {};
+  return {x.data_ptr(), x.size(1), x.stride(0), gelu};
+}
+
+Fp8Rows quantize_rows_kernel(const at::Tensor& first, bool gelu_first, const at::Tensor& second, bool gelu_second) {
+  const int64_t rows = first.size(0), columns = first.size(1) + (second.defined() ? second.size(1) : 0);
+  Fp8Rows out{at::empty({rows, columns}, first.options().dtype(at::kFloat8_e4m3fn)),
+              at::empty({rows, 1}, first.options().dtype(at::kFloat))};
+  kernels::quantize_rows_fp8(element_type(first.scalar_type()), segment(first, gelu_first),
+                             segment(second, gelu_second), rows, out.values.data_ptr(), out.scales.data_ptr<float>(),
+                             c10::cuda::getCurrentCUDAStream(first.get_device()).stream());
   const cudaError_t status = cudaGetLastError();
   DP_CHECK(status == cudaSuccess, "CUDA kernel quantize_rows_fp8 failed to launch: ", cudaGetErrorString(status));
   return out;
@@ -82,13 +88,47 @@ void check_fp8_gemms_supported(at::ScalarType dtype, at::Device device) {
 #endif
 }
 
-Fp8Rows quantize_rows_fp8(const at::Tensor& x) {
-  DP_CHECK(x.dim() == 2, "FP8 rows are quantised from a (rows, columns) matrix, got ", x.sizes());
-  DP_CHECK(x.is_floating_point() && x.element_size() >= 2, "FP8 quantisation of a ", x.scalar_type(), " tensor");
+Fp8Rows quantize_rows_fp8(const at::Tensor& x) { return quantize_rows_fp8(x, false, at::Tensor(), false); }
+
+Fp8Rows quantize_rows_fp8(const at::Tensor& first, bool gelu_first, const at::Tensor& second, bool gelu_second) {
+  const auto check_part = [&](const at::Tensor& x) {
+    DP_CHECK(x.dim() == 2, "FP8 rows are quantised from a (rows, columns) matrix, got ", x.sizes());
+    DP_CHECK(x.is_floating_point() && x.element_size() >= 2, "FP8 quantisation of a ", x.scalar_type(), " tensor");
+  };
+  check_part(first);
+  if (second.defined()) {
+    check_part(second);
+    DP_CHECK(second.size(0) == first.size(0) && second.scalar_type() == first.scalar_type() &&
+                 second.device() == first.device(),
+             "FP8 rows joined from ", first.sizes(), " ", first.scalar_type(), " on ", first.device(), " and ",
+             second.sizes(), " ", second.scalar_type(), " on ", second.device());
+  }
 #ifdef DIFFPIPE_HAVE_CUDA
-  if (quantise_with_kernel(x)) return quantize_rows_kernel(x.stride(1) == 1 ? x : x.contiguous());
+  if (quantise_with_kernel(first)) {
+    const auto rows_of = [](const at::Tensor& x) { return !x.defined() || x.stride(1) == 1 ? x : x.contiguous(); };
+    return quantize_rows_kernel(rows_of(first), gelu_first, rows_of(second), gelu_second);
+  }
 #endif
-  return quantize_rows_aten(x);
+  const auto part = [](const at::Tensor& x, bool gelu) { return gelu ? at::gelu(x, "tanh") : x; };
+  if (!second.defined()) return quantize_rows_aten(part(first, gelu_first));
+  return quantize_rows_aten(at::cat({part(first, gelu_first), part(second, gelu_second)}, 1));
+}
+
+bool takes_fp8_rows(const Linear& layer) { return layer.weight_scale.defined() && !layer.adapters; }
+
+at::Tensor fp8_product(const Fp8Rows& rows, const Linear& layer, at::ScalarType dtype) {
+  DP_CHECK(layer.weight_scale.defined(), "an FP8 product with a ", layer.weight.scalar_type(), " weight");
+  DP_CHECK(rows.values.size(1) == layer.weight.size(1), "FP8 rows of ", rows.values.size(1), " columns for a layer ",
+           layer.weight.sizes());
+  const std::optional<at::Tensor> bias = layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt;
+  if (rows.values.is_cuda()) {
+    // Second operand column-major: the transposed view of the row-major (out, in) weight.
+    return at::_scaled_mm(rows.values, layer.weight.t(), rows.scales, layer.weight_scale.view({1, -1}), bias,
+                          std::nullopt, dtype);
+  }
+  const at::Tensor lhs = rows.values.to(at::kFloat) * rows.scales;
+  const at::Tensor rhs = layer.weight.to(at::kFloat) * layer.weight_scale.view({-1, 1});
+  return at::linear(lhs, rhs, bias ? bias->to(at::kFloat) : at::Tensor()).to(dtype);
 }
 
 Linear to_fp8(const Linear& layer) {
@@ -129,19 +169,7 @@ namespace dp::models {
 
 at::Tensor Linear::fp8_product(const at::Tensor& x) const {
   DP_CHECK(x.size(-1) == weight.size(1), "FP8 linear ", weight.sizes(), " on input ", x.sizes());
-  const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  const flux::Fp8Rows input = flux::quantize_rows_fp8(rows);
-  at::Tensor y;
-  if (x.is_cuda()) {
-    // Second operand column-major: the transposed view of the row-major (out, in) weight.
-    y = at::_scaled_mm(input.values, weight.t(), input.scales, weight_scale.view({1, -1}),
-                       bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, std::nullopt,
-                       x.scalar_type());
-  } else {
-    const at::Tensor lhs = input.values.to(at::kFloat) * input.scales;
-    const at::Tensor rhs = weight.to(at::kFloat) * weight_scale.view({-1, 1});
-    y = at::linear(lhs, rhs, bias.defined() ? bias.to(at::kFloat) : at::Tensor()).to(x.scalar_type());
-  }
+  const at::Tensor y = flux::fp8_product(flux::quantize_rows_fp8(x.reshape({-1, x.size(-1)})), *this, x.scalar_type());
   at::DimVector shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);
   return y.view(shape);

@@ -26,6 +26,16 @@ struct Fp8Rows {
 };
 // Each row of x (rows, columns) scaled so its largest magnitude is e4m3's largest finite value (448).
 Fp8Rows quantize_rows_fp8(const at::Tensor& x);
+// The rows of [first | second] (second may be undefined) quantised as one matrix, each part through the tanh
+// GELU first where asked and rounded to its dtype after it, as a GELU tensor is: a projection that reads a
+// concatenation or an activation quantises it without the joined or activated tensor being written out.
+Fp8Rows quantize_rows_fp8(const at::Tensor& first, bool gelu_first, const at::Tensor& second, bool gelu_second);
+
+// rows (M, in) times an FP8 layer, plus its bias: (M, out) in `dtype`. Unfused LoRA adapters need the input
+// itself: call the layer instead.
+at::Tensor fp8_product(const Fp8Rows& rows, const Linear& layer, at::ScalarType dtype);
+// Whether `layer` holds an FP8 weight and nothing that needs its unquantised input.
+bool takes_fp8_rows(const Linear& layer);
 
 // The layer with its weight in FP8 and its per-channel scale; a layer whose sizes are not multiples of 16 (the
 // tensor cores' FP8 granularity) comes back unchanged.

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "models/flux/cuda/flux_fused_kernels.h"
+#include "models/flux/cuda/gelu_tanh.cuh"
 
 namespace dp::models::flux::kernels {
 namespace {
@@ -235,15 +236,6 @@ __global__ void add_gated_kernel(const T* x, const T* gate, int64_t gate_stride,
     }
     reinterpret_cast<P*>(out)[i] = result;
   }
-}
-
-// torch.nn.functional.gelu(approximate="tanh") in fp32, the formula ATen's CUDA kernel evaluates.
-__device__ __forceinline__ float gelu_tanh_value(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float cube = x * x * x;
-  const float inner = kBeta * (x + kKappa * cube);
-  return 0.5f * x * (1.0f + tanhf(inner));
 }
 
 template <typename T, int V>
