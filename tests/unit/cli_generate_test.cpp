@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -322,6 +323,31 @@ TEST(GenerateCommand, DtypeDefaultsPerDeviceAndHelpStatesDefaultsAndLimits) {
   for (const char* text : {"default fp32 on cpu", "bf16 on cuda", "at most 1000000", "1 to 1000",
                            "at most 256 images per run", "out.h5 with --output-type latent"})
     EXPECT_NE(help.output.find(text), std::string::npos) << text << "\n" << help.output;
+}
+
+// --fp8-gemms on the CPU runs the FP8 arithmetic in ATen (the GPU's is tested against it in models_fp8_gemm_test):
+// the run says so, and its latents move from bf16's by about an e4m3 rounding, no more.
+TEST(GenerateCommand, Fp8GemmsAreNamedInTheLogAndMoveTheLatentsALittle) {
+  const auto dir = dp::test::temp_dir("gen-fp8");
+  const std::string base = "--model " + tiny_pipe() + " --prompt cat --height 64 --width 64 --steps 2 --dtype bf16 "
+                           "--output-type latent --out " + dir;
+  const Timed plain = generate(base + "/bf16.h5");
+  const Timed fp8 = generate(base + "/fp8.h5 --fp8-gemms");
+  ASSERT_EQ(plain.result.exit_code, 0) << plain.result.output;
+  ASSERT_EQ(fp8.result.exit_code, 0) << fp8.result.output;
+  EXPECT_NE(fp8.result.output.find("run as FP8 GEMMs (--fp8-gemms)"), std::string::npos) << fp8.result.output;
+  EXPECT_EQ(plain.result.output.find("FP8"), std::string::npos) << plain.result.output;
+  const auto a = io::read_latents_hdf5(dir + "/bf16.h5"), b = io::read_latents_hdf5(dir + "/fp8.h5");
+  ASSERT_EQ(a.values.size(), b.values.size());
+  double difference = 0, norm = 0;
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    difference += (a.values[i] - b.values[i]) * (a.values[i] - b.values[i]);
+    norm += a.values[i] * a.values[i];
+  }
+  const double relative = std::sqrt(difference / norm);
+  std::cout << "latents with --fp8-gemms against bf16: rms relative difference " << relative << "\n";
+  EXPECT_GT(relative, 0.0) << "the projections were not converted";
+  EXPECT_LT(relative, 0.1);
 }
 
 TEST(Cli, UnknownCommandsAreNamedAndGlobalOptionsMayFollowTheCommand) {
