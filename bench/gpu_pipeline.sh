@@ -16,7 +16,8 @@
 # pipeline-overlap.json (every figure), both images, and logs.tar.gz (every log and report).
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
-#   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4); VARIANTS adds diffpipe runs (see below).
+#   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4), SKIP_ORDERS=1 the two load orders (2); VARIANTS adds
+#   diffpipe runs (see below).
 #   FP8_PROBE=1 also times FP8 GEMMs against bf16 and the image they give (bench/fp8_probe.py).
 #   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
@@ -85,7 +86,7 @@ if enough 90; then
   elapsed "benchmark finished (exit $status)"
 fi
 
-if [ "$side" != diffusers ] && enough 45; then
+if [ "$side" != diffusers ] && [ "${SKIP_ORDERS:-0}" != 1 ] && enough 45; then
   bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
     --json "$work/pipeline-overlap.json" --only diffpipe --diffpipe-args "--load-overlap on" "$@" 2>&1 \
     | tee "$work/pipeline-overlap.log" | grep -E "process wall|^  (start|main|the run|outputs)|Done when|^one image|first step|steady|peak|loading|encode"
@@ -93,7 +94,7 @@ if [ "$side" != diffusers ] && enough 45; then
 fi
 
 # The staged order again, after the overlap: the two orders measured both ways round.
-if [ "$side" != diffusers ] && enough 45; then
+if [ "$side" != diffusers ] && [ "${SKIP_ORDERS:-0}" != 1 ] && enough 45; then
   bounded python3 "$here/bench/pipeline_gpu_generate.py" --diffpipe "$build/diffpipe" --model "$model" \
     --json "$work/pipeline-staged.json" --only diffpipe --diffpipe-args "--load-overlap off --log-level debug" "$@" 2>&1 \
     | tee "$work/pipeline-staged.log" | grep -E "process wall|^  (start|main|the run|outputs)|Done when|^one image|first step|steady|peak|loading|encode"
