@@ -61,6 +61,14 @@ FluxInputs cast_inputs(const FluxInputs& in, at::ScalarType dtype) {
   return out;
 }
 
+FluxInputs to_device(const FluxInputs& in, const at::Device& device) {
+  FluxInputs out = in;
+  for (at::Tensor* t : {&out.hidden_states, &out.encoder_hidden_states, &out.pooled_projections, &out.timestep,
+                        &out.img_ids, &out.txt_ids, &out.guidance})
+    if (t->defined()) *t = t->to(device);
+  return out;
+}
+
 double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   const double scale = expected.abs().max().item<double>();
   return (actual.to(at::kFloat) - expected).abs().max().item<double>() / scale;
@@ -164,11 +172,7 @@ Fp8Errors fp8_forward_errors(const OracleCase& c, at::ScalarType dtype, at::Devi
   flux::set_fp8_gemms_enabled(true);
   const auto model = FluxTransformer::load(c.transformer_dir, dtype, device);
   flux::set_fp8_gemms_enabled(false);
-  FluxInputs inputs = cast_inputs(c.inputs, dtype);
-  for (at::Tensor* t : {&inputs.hidden_states, &inputs.encoder_hidden_states, &inputs.pooled_projections,
-                        &inputs.timestep, &inputs.img_ids, &inputs.txt_ids, &inputs.guidance})
-    if (t->defined()) *t = t->to(device);
-  const at::Tensor out = model.forward(inputs).cpu();
+  const at::Tensor out = model.forward(to_device(cast_inputs(c.inputs, dtype), device)).cpu();
   const bool fp32 = dtype == at::kFloat;
   return {rms_relative_error(out, fp32 ? c.expected_fp8_fp32 : c.expected_fp8),
           rms_relative_error(out, fp32 ? c.expected_fp32 : c.expected_bf16)};
@@ -202,13 +206,6 @@ class FluxOracleCuda : public ::testing::TestWithParam<std::string> {
   void SetUp() override { DP_TEST_NEED_CUDA(); }
 };
 
-FluxInputs to_device(const FluxInputs& in, const at::Device& device) {
-  FluxInputs out = in;
-  for (at::Tensor* t : {&out.hidden_states, &out.encoder_hidden_states, &out.pooled_projections, &out.timestep,
-                        &out.img_ids, &out.txt_ids, &out.guidance})
-    if (t->defined()) *t = t->to(device);
-  return out;
-}
 
 TEST_P(FluxOracleCuda, Fp32MatchesDiffusers) {
   c10::InferenceMode guard;

@@ -51,7 +51,8 @@ __device__ __forceinline__ void row_pack(const Fp8Segment& first, const Fp8Segme
   const bool in_first = i * V < first.columns;
   const Fp8Segment& s = in_first ? first : second;
   const int64_t column = in_first ? i * V : i * V - first.columns;
-  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(static_cast<const T*>(s.data) + row * s.row_stride + column);
+  const T* start = static_cast<const T*>(s.data) + row * s.row_stride + column;
+  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(start);
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     const float x = as_float(pack.v[e]);
