@@ -164,12 +164,8 @@ SingleBlock SingleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
   return b;
 }
 
-void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
-                          const SequenceShard* shard) const {
-  const int64_t text_len = text.size(1);
-  const at::Tensor residual = joined(text, image);
-  const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
-  const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
+at::Tensor SingleBlock::attention_and_mlp(const at::Tensor& normed, const RotaryTables& rope,
+                                          const SequenceShard* shard) const {
   const int64_t dim = normed.size(-1);
   const int64_t mlp_dim = proj_mlp.weight.size(0);
   AttentionInputs attention_in =
@@ -184,18 +180,23 @@ void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor&
     const at::Tensor mlp = fp8_product(normed_rows, proj_mlp, normed.scalar_type());
     const at::Tensor attention = group_attention(attention_in.q, attention_in.k, attention_in.v, shard);
     const Fp8Rows mixed_rows = quantize_rows_fp8(attention.reshape({-1, dim}), false, mlp, true);
-    const at::Tensor projected = tokens(fp8_product(mixed_rows, proj_out, normed.scalar_type()));
-    const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], projected));
-    text = joint.slice(1, 0, text_len);
-    image = joint.slice(1, text_len);
-    return;
+    return tokens(fp8_product(mixed_rows, proj_out, normed.scalar_type()));
   }
   fill_attention_inputs(attn.qkv(normed), attn.norm_q, attn.norm_k, rope, 0, attention_in);
   // proj_out reads [attention, gelu(mlp)]: both are written straight into one buffer instead of concatenated.
   const at::Tensor mixed = at::empty({normed.size(0), normed.size(1), dim + mlp_dim}, normed.options());
   linear_gelu_tanh_into(normed, proj_mlp, mixed.narrow(-1, dim, mlp_dim));
   mixed.narrow(-1, 0, dim).copy_(group_attention(attention_in.q, attention_in.k, attention_in.v, shard));
-  const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], proj_out(mixed)));
+  return proj_out(mixed);
+}
+
+void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+                          const SequenceShard* shard) const {
+  const int64_t text_len = text.size(1);
+  const at::Tensor residual = joined(text, image);
+  const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
+  const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
+  const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], attention_and_mlp(normed, rope, shard)));
   text = joint.slice(1, 0, text_len);
   image = joint.slice(1, text_len);
 }

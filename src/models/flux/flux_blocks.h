@@ -53,6 +53,10 @@ struct SingleBlock {
   uint64_t nbytes() const;
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
                const SequenceShard* shard = nullptr) const;
+
+ private:
+  // proj_out([attention(normed) | gelu(proj_mlp(normed))]), in bf16 or through FP8 GEMMs (--fp8-gemms).
+  at::Tensor attention_and_mlp(const at::Tensor& normed, const RotaryTables& rope, const SequenceShard* shard) const;
 };
 
 }  // namespace dp::models::flux
