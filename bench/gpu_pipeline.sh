@@ -19,7 +19,8 @@
 #   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4), SKIP_ORDERS=1 the two load orders (2); VARIANTS adds
 #   diffpipe runs (see below).
 #   FP8_PROBE=1 also times FP8 GEMMs against bf16 and the image they give (bench/fp8_probe.py).
-#   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py).
+#   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py);
+#   PROFILE_ARGS adds `diffpipe forward` options to it (e.g. PROFILE_ARGS=--fp8-gemms).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
 # The folder (33.7 GB) is written once per machine with `make-random --pipeline` (so its files are in the page
 # cache when the benchmark reads them; the load rows say how much was).
@@ -126,7 +127,8 @@ if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
   done
   # Side by side, as ratios to the runs labelled default* (VARIANTS_BASELINE=LABEL picks others).
   python3 "$here/bench/variants_summary.py" --baseline "${VARIANTS_BASELINE:-default}" \
-    --reference "$work/pipeline-all-files/diffusers.png" "$work"/pipeline-variant-*.json
+    --reference "$work/pipeline-all-files/diffusers.png" --diffusers "$work/pipeline-all.json" \
+    "$work"/pipeline-variant-*.json
   elapsed "variants finished"
 fi
 
@@ -180,9 +182,10 @@ else
 fi
 
 if [ "${PROFILE:-0}" = 1 ] && enough 60; then
+  # shellcheck disable=SC2086  # PROFILE_ARGS is a word list
   bounded ncu --clock-control none --csv --metrics gpu__time_duration.sum "$build/diffpipe" forward --model "$model" \
     --device cuda --dtype bf16 --height 1024 --width 1024 --text-len 512 --repeat 1 --warmup 0 \
-    > "$work/ncu-step.csv" 2> "$work/ncu-step.log" || tail -5 "$work/ncu-step.log"
+    ${PROFILE_ARGS:-} > "$work/ncu-step.csv" 2> "$work/ncu-step.log" || tail -5 "$work/ncu-step.log"
   python3 "$here/bench/ncu_summary.py" "$work/ncu-step.csv" --top 25 --json "$work/ncu-step.json" | tee "$work/ncu-step.txt"
   elapsed "profile finished"
 fi
