@@ -19,6 +19,7 @@ FAMILIES = [
     # cuDNN's SDPA kernels also carry "sm90_" in their names, so attention is matched before the GEMMs.
     ("attention (flash / cuDNN SDPA)", re.compile(r"flash|fmha|sdpa|attention", re.I)),
     ("GEMM (cuBLAS / cuBLASLt)", re.compile(r"nvjet|gemm|cutlass|xmma|sm90_", re.I)),
+    ("diffpipe FP8 quantiser (--fp8-gemms)", re.compile(r"quantize_rows_kernel", re.I)),
     ("diffpipe fused kernels", re.compile(r"qk_norm_rope|layer_norm_modulate|add_gated|gelu_tanh_kernel", re.I)),
     ("ATen copies / cat", re.compile(r"copy|cat_|CatArray", re.I)),
     ("ATen reductions / norms", re.compile(r"reduce|norm|softmax", re.I)),
