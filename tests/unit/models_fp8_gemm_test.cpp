@@ -110,7 +110,8 @@ class Fp8Cuda : public ::testing::Test {
 
 TEST_F(Fp8Cuda, QuantiserKernelGivesTheAtenBits) {
   for (const auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (const int64_t columns : {3072, 40, 13}) {  // the vector path, and the scalar one
+    // The vector path, the scalar one, and (fp32 at 16384 columns: 64 KB) rows too wide to keep in shared memory.
+    for (const int64_t columns : {3072, 40, 13, 16384}) {
       const at::Tensor x = random({37, columns}, 7, dtype) * 3;
       const Fp8Rows on_gpu = quantize_rows_fp8(x.cuda());
       const Fp8Rows on_cpu = quantize_rows_fp8(x);
@@ -123,18 +124,23 @@ TEST_F(Fp8Cuda, QuantiserKernelGivesTheAtenBits) {
 
 TEST_F(Fp8Cuda, JoinedRowsMatchTheirConcatenationOnTheGpu) {
   // The kernel's GELU against ATen's CUDA GELU, then the plain quantiser: the same formula, so the same codes.
-  const at::Tensor attention = random({300, 3072}, 12, at::kBFloat16).cuda();
-  const at::Tensor mlp = (random({300, 12288}, 13, at::kBFloat16) * 3).cuda();
-  const Fp8Rows joined = quantize_rows_fp8(attention, false, mlp, true);
-  const Fp8Rows expected = quantize_rows_fp8(at::cat({attention, at::gelu(mlp, "tanh")}, 1));
-  EXPECT_TRUE(at::equal(joined.scales, expected.scales));
-  const double differing =
-      (joined.values.view(at::kByte) != expected.values.view(at::kByte)).to(at::kDouble).mean().item<double>();
-  std::cout << "joined rows against ATen's GELU and concatenation: " << differing * 100 << "% of codes differ\n";
-  EXPECT_LE(differing, 1e-3);
-  // The MLP's own path: the hidden layer alone through its GELU.
-  const Fp8Rows hidden = quantize_rows_fp8(mlp, true, at::Tensor(), false);
-  EXPECT_TRUE(at::allclose(hidden.scales, quantize_rows_fp8(at::gelu(mlp, "tanh")).scales, 1e-2, 0));
+  // bf16 rows (30 KB) are kept in shared memory between the two passes; fp32 ones (60 KB) are read twice.
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const at::Tensor attention = random({300, 3072}, 12, dtype).cuda();
+    const at::Tensor mlp = (random({300, 12288}, 13, dtype) * 3).cuda();
+    const Fp8Rows joined = quantize_rows_fp8(attention, false, mlp, true);
+    const Fp8Rows expected = quantize_rows_fp8(at::cat({attention, at::gelu(mlp, "tanh")}, 1));
+    EXPECT_TRUE(at::equal(joined.scales, expected.scales)) << dtype;
+    const double differing =
+        (joined.values.view(at::kByte) != expected.values.view(at::kByte)).to(at::kDouble).mean().item<double>();
+    std::cout << dtype << " joined rows against ATen's GELU and concatenation: " << differing * 100
+              << "% of codes differ\n";
+    EXPECT_LE(differing, 1e-3) << dtype;
+    // The MLP's own path: the hidden layer alone through its GELU (in fp32 a row of exactly 48 KB, which with the
+    // kernel's static shared memory is one over what a launch may take: it is read twice instead).
+    const Fp8Rows hidden = quantize_rows_fp8(mlp, true, at::Tensor(), false);
+    EXPECT_TRUE(at::allclose(hidden.scales, quantize_rows_fp8(at::gelu(mlp, "tanh")).scales, 1e-2, 0)) << dtype;
+  }
 }
 
 TEST_F(Fp8Cuda, ScaledGemmMatchesTheCpuDefinition) {

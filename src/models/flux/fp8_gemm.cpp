@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 
@@ -58,6 +59,8 @@ kernels::Fp8Segment segment(const at::Tensor& x, bool gelu) {
 
 Fp8Rows quantize_rows_kernel(const at::Tensor& first, bool gelu_first, const at::Tensor& second, bool gelu_second) {
   const int64_t rows = first.size(0), columns = first.size(1) + (second.defined() ? second.size(1) : 0);
+  DP_CHECK(columns <= std::numeric_limits<int32_t>::max() && rows <= std::numeric_limits<int32_t>::max(),
+           "FP8 rows of ", rows, " x ", columns, " exceed the quantiser kernel's 32-bit grid and column indices");
   Fp8Rows out{at::empty({rows, columns}, first.options().dtype(at::kFloat8_e4m3fn)),
               at::empty({rows, 1}, first.options().dtype(at::kFloat))};
   kernels::quantize_rows_fp8(element_type(first.scalar_type()), segment(first, gelu_first),

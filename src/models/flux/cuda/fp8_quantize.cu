@@ -16,6 +16,9 @@ namespace dp::models::flux::kernels {
 namespace {
 
 constexpr float kFp8Max = 448.0f;
+// The dynamic shared memory a launch may take without opting in: 48 KB less the static block_max scratch (a bf16
+// row of up to 24448 columns; FLUX's widest, [attention | mlp], has 15360).
+constexpr size_t kRowCacheBytes = 48 * 1024 - 32 * sizeof(float);
 
 __device__ __forceinline__ float as_float(float x) { return x; }
 __device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
@@ -44,40 +47,59 @@ struct alignas(V) Bytes {
   __nv_fp8_e4m3 v[V];
 };
 
-// The V values of pack i of the row (the segments' columns are multiples of V).
+// The V values of pack i of the row (the segments' columns are multiples of V). The segment is picked by value,
+// not by a reference to one of the two kernel parameters, which would copy both to local memory.
 template <typename T, int V>
-__device__ __forceinline__ void row_pack(const Fp8Segment& first, const Fp8Segment& second, int64_t row, int64_t i,
+__device__ __forceinline__ void row_pack(const Fp8Segment& first, const Fp8Segment& second, int64_t row, int i,
                                          float (&out)[V]) {
   const bool in_first = i * V < first.columns;
-  const Fp8Segment& s = in_first ? first : second;
-  const int64_t column = in_first ? i * V : i * V - first.columns;
-  const T* start = static_cast<const T*>(s.data) + row * s.row_stride + column;
+  const T* start = in_first
+                       ? static_cast<const T*>(first.data) + row * first.row_stride + i * V
+                       : static_cast<const T*>(second.data) + row * second.row_stride + (i * V - first.columns);
+  const bool gelu = in_first ? first.gelu_tanh : second.gelu_tanh;
   const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(start);
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     const float x = as_float(pack.v[e]);
-    out[e] = s.gelu_tanh ? stored(gelu_tanh_value(x), T{}) : x;
+    out[e] = gelu ? stored(gelu_tanh_value(x), T{}) : x;
   }
 }
 
-template <typename T, int V>
+// With kCached, the first pass keeps the row (after its GELU, rounded to T as stored() already does, so exactly)
+// in shared memory and the second reads it there: each element is read from global memory and through the tanh
+// once. Without (rows too wide for 48 KB), the second pass reads and evaluates the row again.
+template <typename T, int V, bool kCached>
 __global__ void quantize_rows_kernel(Fp8Segment first, Fp8Segment second, __nv_fp8_e4m3* out, float* scales) {
   __shared__ float scratch[32];
+  extern __shared__ __align__(16) unsigned char row_cache_bytes[];
+  auto* cache = reinterpret_cast<Pack<T, V>*>(row_cache_bytes);
   const int64_t row = blockIdx.x;
-  const int64_t columns = first.columns + second.columns, packs = columns / V;
+  const int columns = static_cast<int>(first.columns + second.columns), packs = columns / V;
   float largest = 0.0f;
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
     float values[V];
     row_pack<T, V>(first, second, row, i, values);
+    Pack<T, V> kept;
 #pragma unroll
-    for (int e = 0; e < V; ++e) largest = fmaxf(largest, fabsf(values[e]));
+    for (int e = 0; e < V; ++e) {
+      largest = fmaxf(largest, fabsf(values[e]));
+      if constexpr (kCached) kept.v[e] = static_cast<T>(values[e]);
+    }
+    if constexpr (kCached) cache[i] = kept;
   }
+  // block_max's __syncthreads also orders the cache's writes before its reads.
   const float scale = __fdiv_rn(fmaxf(block_max(largest, scratch), 1e-12f), kFp8Max);
   if (threadIdx.x == 0) scales[row] = scale;
   auto* dst = reinterpret_cast<Bytes<V>*>(out + row * columns);
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
     float values[V];
-    row_pack<T, V>(first, second, row, i, values);
+    if constexpr (kCached) {
+      const Pack<T, V> kept = cache[i];
+#pragma unroll
+      for (int e = 0; e < V; ++e) values[e] = as_float(kept.v[e]);
+    } else {
+      row_pack<T, V>(first, second, row, i, values);
+    }
     Bytes<V> result;
 #pragma unroll
     for (int e = 0; e < V; ++e) result.v[e] = __nv_fp8_e4m3(__fdiv_rn(values[e], scale));
@@ -106,10 +128,18 @@ void quantize_rows_fp8(ElementType type, const Fp8Segment& first, const Fp8Segme
     const int64_t packs = vector ? columns / kWide : columns;
     const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (packs + 31) / 32 * 32)));
     auto* bytes = static_cast<__nv_fp8_e4m3*>(out);
-    if (vector)
-      quantize_rows_kernel<T, kWide><<<static_cast<unsigned>(rows), threads, 0, stream>>>(first, second, bytes, scales);
-    else
-      quantize_rows_kernel<T, 1><<<static_cast<unsigned>(rows), threads, 0, stream>>>(first, second, bytes, scales);
+    const auto blocks = static_cast<unsigned>(rows);
+    const size_t row_bytes = static_cast<size_t>(columns) * sizeof(T);
+    if (row_bytes > kRowCacheBytes) {
+      if (vector)
+        quantize_rows_kernel<T, kWide, false><<<blocks, threads, 0, stream>>>(first, second, bytes, scales);
+      else
+        quantize_rows_kernel<T, 1, false><<<blocks, threads, 0, stream>>>(first, second, bytes, scales);
+    } else if (vector) {
+      quantize_rows_kernel<T, kWide, true><<<blocks, threads, row_bytes, stream>>>(first, second, bytes, scales);
+    } else {
+      quantize_rows_kernel<T, 1, true><<<blocks, threads, row_bytes, stream>>>(first, second, bytes, scales);
+    }
   };
   switch (type) {
     case ElementType::F32: run(float{}); break;
