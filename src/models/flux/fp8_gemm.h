@@ -4,7 +4,7 @@
 // one scale per token, and multiplies on the tensor cores with both scales and the bias applied in fp32
 // (at::_scaled_mm, Hopper or Ada). Off the GPU the same arithmetic runs as an ATen composition (dequantised
 // operands in fp32), which is the reference the CUDA tests hold the kernels to. Measured on an H100 against bf16
-// (bench/RESULTS.md): a 1024x1024 step 108 ms against 127, the image 47 dB from bf16's with random weights.
+// (bench/RESULTS.md): a 1024x1024 step 102 ms against 126, the image 47 dB from bf16's with random weights.
 #include <ATen/ATen.h>
 
 #include "models/flux/flux_blocks.h"
