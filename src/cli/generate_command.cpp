@@ -31,6 +31,7 @@
 #include "io/png_image.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
+#include "models/flux/fp8_gemm.h"
 #include "placement/mesh.h"
 #include "runtime/components.h"
 #include "runtime/distributed_generate.h"
@@ -354,6 +355,11 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
              {"--microbatch-size", "microbatch-size"}})
       if (cmd->count(flag) > 0) o->given.push_back(field);
     for (const auto& field : given_input_options(*cmd)) o->given.push_back(field);
+    // DIFFPIPE_FP8_GEMMS=1 counts as the flag: --resume compares either with what the checkpoint recorded.
+    if (o->runtime.fp8_gemms || models::flux::fp8_gemms_enabled()) {
+      o->runtime.fp8_gemms = true;
+      o->given.push_back("fp8-gemms");
+    }
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
     world.run_guarded([&] {

@@ -55,6 +55,8 @@ Attributes attributes_of(const Checkpoint& c) {
     a.numbers["true_cfg_scale"] = c.run.true_cfg_scale;
     a.texts["initial_latents"] = c.run.initial_latents;
     a.texts["lora"] = c.run.lora;
+    // Only when used, so that the files and digests of runs without it stay as they were.
+    if (!c.run.transformer_gemms.empty()) a.texts["transformer_gemms"] = c.run.transformer_gemms;
   }
   return a;
 }
@@ -122,7 +124,7 @@ size_t dtype_bytes(const std::string& dtype) {
 
 bool CheckpointRun::uses_format_3() const {
   return !negative_prompts.empty() || true_cfg_scale != 1.0 || !custom_sigmas.empty() || !initial_latents.empty() ||
-         !lora.empty();
+         !lora.empty() || !transformer_gemms.empty();
 }
 
 int Checkpoint::steps_done() const {
@@ -144,6 +146,7 @@ std::string request_fingerprint(const CheckpointRun& run) {
     for (double sigma : run.custom_sigmas) d.add(format_double(sigma));
     d.add(run.initial_latents);
     d.add(run.lora);
+    if (!run.transformer_gemms.empty()) d.add("transformer gemms " + run.transformer_gemms);
   }
   return d.hex();
 }
@@ -258,6 +261,11 @@ Checkpoint read_header(const Reader& r) {
     c.run.true_cfg_scale = r.number("true_cfg_scale");
     c.run.initial_latents = r.text("initial_latents");
     c.run.lora = r.text("lora");
+    if (r.has_attribute("transformer_gemms")) {
+      c.run.transformer_gemms = r.text("transformer_gemms");
+      DP_CHECK(c.run.transformer_gemms == "fp8", path, ": transformer_gemms is '", c.run.transformer_gemms,
+               "' (this build knows \"fp8\")");
+    }
     if (r.has("negative_prompts")) {
       c.run.negative_prompts = r.strings("negative_prompts");
       DP_CHECK(c.run.negative_prompts.size() == 1 || c.run.negative_prompts.size() == c.run.prompts.size(), path,
@@ -383,6 +391,8 @@ std::vector<RunComparison> compare_runs(const CheckpointRun& checkpoint, const C
   compare("sigmas", sigmas_text(checkpoint.custom_sigmas), sigmas_text(run.custom_sigmas));
   compare("latents", checkpoint.initial_latents, run.initial_latents);
   compare("lora", checkpoint.lora, run.lora);
+  const auto gemms_text = [](const std::string& gemms) { return gemms == "fp8" ? "on" : "off"; };
+  compare("fp8-gemms", gemms_text(checkpoint.transformer_gemms), gemms_text(run.transformer_gemms));
   return out;
 }
 

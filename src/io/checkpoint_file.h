@@ -26,7 +26,8 @@
 //   /negative_prompt_embeds, /negative_pooled_prompt_embeds: their T5 and CLIP outputs per image, as above
 //   /custom_sigmas         (steps,) float64: --sigmas as given (before the scheduler's shift)
 //   root attributes        true_cfg_scale; initial_latents (--latents: the file and a digest of its values);
-//                          lora (JSON: mode, adapters with name, path and scale, and their fingerprint)
+//                          lora (JSON: mode, adapters with name, path and scale, and their fingerprint);
+//                          transformer_gemms ("fp8" with --fp8-gemms; absent otherwise, and in older files)
 // `content_digest` hashes every dataset's bytes and the attributes above it: a file that HDF5 opens but whose
 // contents were torn or flipped is refused.
 //
@@ -75,6 +76,7 @@ struct CheckpointRun {
   std::vector<double> custom_sigmas;  // --sigmas; empty: FluxPipeline's default schedule
   std::string initial_latents;        // --latents: file and value digest; empty: drawn from the seed
   std::string lora;                   // the adapters (JSON); empty: none
+  std::string transformer_gemms;      // "fp8" (--fp8-gemms); empty: the run's dtype
   bool uses_format_3() const;
 };
 

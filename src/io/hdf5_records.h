@@ -113,6 +113,7 @@ struct Reader {
   hid_t file;
 
   bool has(const std::string& name) const { return H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0; }
+  bool has_attribute(const std::string& name) const { return H5Aexists(file, name.c_str()) > 0; }
 
   double number(const std::string& name) const {
     DP_CHECK(H5Aexists(file, name.c_str()) > 0, path, ": attribute '", name, "' is missing");

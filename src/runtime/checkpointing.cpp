@@ -182,7 +182,7 @@ pipeline::PromptEmbeddings encode_prompts_cached(pipeline::FluxPipeline& flux, c
   return pipeline::FluxPipeline::expand_per_image(request, pooled, t5);
 }
 
-io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size) {
+io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size, bool fp8_gemms) {
   io::CheckpointRun run;
   run.prompts = request.prompts;
   run.num_images_per_prompt = request.num_images_per_prompt;
@@ -208,6 +208,8 @@ io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64
       lora["adapters"].push_back({{"name", a.spec.name}, {"path", fs::absolute(a.spec.path).string()}, {"scale", a.spec.scale}});
     run.lora = lora.dump();
   }
+  // FP8 GEMMs round differently: resuming one setting's latents with the other would mix the two.
+  if (fp8_gemms) run.transformer_gemms = "fp8";
   return run;
 }
 

@@ -73,8 +73,8 @@ class Checkpointer {
 pipeline::PromptEmbeddings encode_prompts_cached(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
                                                  const std::string& cache_path);
 // The options a checkpoint records and --resume compares, from a request (true CFG, custom sigmas, initial
-// latents and adapters included).
-io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size);
+// latents and adapters included) and whether the blocks' projections run as FP8 GEMMs (--fp8-gemms).
+io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64_t microbatch_size, bool fp8_gemms);
 // The prompts' (and negative prompts') embeddings, one row per image, into and out of a checkpoint record.
 void record_embeddings(io::Checkpoint& checkpoint, const pipeline::PromptEmbeddings& prompts);
 pipeline::PromptEmbeddings embeddings_from_checkpoint(const io::Checkpoint& checkpoint, const at::Device& device);

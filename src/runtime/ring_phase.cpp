@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
+#include "models/flux/fp8_gemm.h"
 #include "pipeline/denoise_loop.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/phase_guard.h"
@@ -27,7 +28,7 @@ io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSch
                                const pipeline::PromptEmbeddings& prompts) {
   const auto& request = run.request;
   io::Checkpoint base;
-  base.run = checkpoint_run(request, run.options.microbatch_size);
+  base.run = checkpoint_run(request, run.options.microbatch_size, models::flux::fp8_gemms_enabled());
   base.model_dir = std::filesystem::absolute(run.flux.folder().dir()).string();
   base.model_fingerprint = run.fingerprint;
   base.device_map = run.plan.digest + " " + run.plan.hf_device_map.dump();

@@ -350,6 +350,41 @@ TEST(GenerateCommand, Fp8GemmsAreNamedInTheLogAndMoveTheLatentsALittle) {
   EXPECT_LT(relative, 0.1);
 }
 
+// A checkpoint records --fp8-gemms: resuming it without the flag continues in FP8 (to the uninterrupted run's
+// latents), and --fp8-gemms on a bf16 checkpoint is refused before any weight is read, naming the option.
+TEST(GenerateCommand, ACheckpointKeepsItsFp8GemmsSetting) {
+  const auto dir = dp::test::temp_dir("gen-fp8-resume");
+  const std::string base = "--model " + tiny_pipe() + " --prompt cat --height 64 --width 64 --steps 2 --dtype bf16 "
+                           "--output-type latent ";
+  const auto only_checkpoint = [](const std::string& folder) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(folder)) files.push_back(e.path().string());
+    return files.size() == 1 ? files.front() : std::string();
+  };
+  const Timed fp8 = generate(base + "--fp8-gemms --out " + dir + "/fp8.h5 --checkpoint-dir " + dir +
+                             "/fp8-ck --checkpoint-every 1");
+  ASSERT_EQ(fp8.result.exit_code, 0) << fp8.result.output;
+  const std::string fp8_checkpoint = only_checkpoint(dir + "/fp8-ck");  // step 1's; step 2 ended the run
+  ASSERT_FALSE(fp8_checkpoint.empty());
+  const Timed resumed = generate("--model " + tiny_pipe() + " --output-type latent --resume " + fp8_checkpoint +
+                                 " --out " + dir + "/resumed.h5");
+  ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.output;
+  EXPECT_NE(resumed.result.output.find("written with --fp8-gemms; this run continues with them"), std::string::npos)
+      << resumed.result.output;
+  EXPECT_NE(resumed.result.output.find("run as FP8 GEMMs (--fp8-gemms)"), std::string::npos) << resumed.result.output;
+  EXPECT_EQ(io::read_latents_hdf5(dir + "/resumed.h5").values, io::read_latents_hdf5(dir + "/fp8.h5").values);
+
+  const Timed plain = generate(base + "--out " + dir + "/bf16.h5 --checkpoint-dir " + dir +
+                               "/bf16-ck --checkpoint-every 1");
+  ASSERT_EQ(plain.result.exit_code, 0) << plain.result.output;
+  const Timed mixed = generate("--model " + tiny_pipe() + " --output-type latent --fp8-gemms --resume " +
+                               only_checkpoint(dir + "/bf16-ck") + " --out " + dir + "/mixed.h5");
+  EXPECT_EQ(mixed.result.exit_code, 3) << mixed.result.output;
+  EXPECT_NE(mixed.result.output.find("--fp8-gemms: checkpoint off, this run on"), std::string::npos)
+      << mixed.result.output;
+  EXPECT_FALSE(fs::exists(dir + "/mixed.h5"));
+}
+
 TEST(Cli, UnknownCommandsAreNamedAndGlobalOptionsMayFollowTheCommand) {
   const auto unknown = dp::test::run_command(dp::test::diffpipe_binary() + " genrate --prompt cat");
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;

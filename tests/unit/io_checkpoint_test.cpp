@@ -127,6 +127,34 @@ TEST(Checkpoint, VersionThreeOptionsBelongToTheRequest) {
   EXPECT_EQ(read_checkpoint_header(dir + "/v2.h5").format_version, 2);
 }
 
+// --fp8-gemms is recorded (format version 3, its own attribute), belongs to the request's fingerprint and is
+// compared when given; a value this build does not know is refused, naming it.
+TEST(Checkpoint, Fp8GemmsAreRecordedAndCompared) {
+  const auto dir = dp::test::temp_dir("ckpt-fp8");
+  Checkpoint c = sample(4);
+  const Checkpoint plain = c;
+  c.run.transformer_gemms = "fp8";
+  write_checkpoint(dir + "/fp8.h5", c);
+  const Checkpoint back = read_checkpoint(dir + "/fp8.h5");
+  EXPECT_EQ(back.format_version, 3);
+  EXPECT_EQ(back.run.transformer_gemms, "fp8");
+  EXPECT_EQ(back.request_fingerprint, request_fingerprint(c.run));
+  EXPECT_NE(request_fingerprint(c.run), request_fingerprint(plain.run));
+  write_checkpoint(dir + "/plain.h5", plain);
+  EXPECT_EQ(read_checkpoint(dir + "/plain.h5").run.transformer_gemms, "");
+  EXPECT_TRUE(compare_runs(c.run, plain.run, {}).empty());
+  const auto d = compare_runs(plain.run, c.run, {"fp8-gemms"});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].field, "fp8-gemms");
+  EXPECT_EQ(d[0].in_checkpoint, "off");
+  EXPECT_EQ(d[0].in_run, "on");
+  Checkpoint unknown = c;
+  unknown.run.transformer_gemms = "int4";
+  write_checkpoint(dir + "/unknown.h5", unknown);
+  EXPECT_NE(error_of([&] { read_checkpoint(dir + "/unknown.h5"); }).find("transformer_gemms is 'int4'"),
+            std::string::npos);
+}
+
 TEST(Checkpoint, RoundTripsEveryField) {
   const auto dir = dp::test::temp_dir("ckpt");
   for (const char* dtype : {"fp32", "bf16", "fp16"}) {
