@@ -18,7 +18,8 @@
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
 #   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4), SKIP_ORDERS=1 the two load orders (2); VARIANTS adds
 #   diffpipe runs (see below).
-#   FP8_PROBE=1 also times FP8 GEMMs against bf16 and the image they give (bench/fp8_probe.py).
+#   FP8_PROBE=1 also times FP8 GEMMs against bf16 and the image they give (bench/fp8_probe.py);
+#   QUANTISER_BENCH=1 the --fp8-gemms row quantiser at one step's shapes (bench/fp8_quantize_bench.cpp).
 #   PROFILE=1 then profiles one 1024x1024 transformer step with Nsight Compute (bench/ncu_summary.py);
 #   PROFILE_ARGS adds `diffpipe forward` options to it (e.g. PROFILE_ARGS=--fp8-gemms).
 # Expects the wheels of bench/fetch_wheels.sh in .whl/ (the GPU image has no diffusers or transformers).
@@ -57,7 +58,7 @@ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
   -DCMAKE_CUDA_ARCHITECTURES=90 -DDIFFPIPE_PYTHON="$(command -v python3)" >> "$work/build.log" 2>&1 \
   || { tail -30 "$work/build.log"; exit 1; }
 bounded ninja -C "$build" diffpipe_cli pipeline_flux_test io_parallel_load_test models_attention_test models_fp8_gemm_test \
-  models_flux_test >> "$work/build.log" 2>&1 \
+  models_flux_test fp8_quantize_bench >> "$work/build.log" 2>&1 \
   || { grep -E "error|FAILED" "$work/build.log" | head -20; tail -20 "$work/build.log"; exit 1; }
 elapsed "built diffpipe_cli and the CUDA tests"
 
@@ -138,6 +139,11 @@ if [ "${FP8_PROBE:-0}" = 1 ] && enough 150; then
     > "$work/fp8-probe.log" 2>&1
   grep -v -i "warn" "$work/fp8-probe.log" | tail -20
   elapsed "FP8 probe finished"
+fi
+
+if [ "${QUANTISER_BENCH:-0}" = 1 ] && enough 20; then
+  bounded "$build/bench/fp8_quantize_bench" 2>&1 | tee "$work/fp8-quantize-bench.txt"
+  elapsed "quantiser benchmark finished"
 fi
 
 tests_status=0
