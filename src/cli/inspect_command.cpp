@@ -142,7 +142,8 @@ void inspect_checkpoint_file(const std::string& path, bool as_json) {
       {"options", {{"height", c.run.height}, {"width", c.run.width}, {"steps", c.run.steps},
                    {"guidance", c.run.guidance}, {"seed", c.run.seed}, {"dtype", c.run.dtype},
                    {"num_images_per_prompt", c.run.num_images_per_prompt},
-                   {"max_sequence_length", c.run.max_sequence_length}, {"microbatch_size", c.run.microbatch_size}}},
+                   {"max_sequence_length", c.run.max_sequence_length}, {"microbatch_size", c.run.microbatch_size},
+                   {"fp8_gemms", c.run.transformer_gemms == "fp8"}}},
       {"world_size", c.world_size},
       {"device_map", c.device_map},
       {"written_by", c.written_by},
@@ -164,7 +165,8 @@ void inspect_checkpoint_file(const std::string& path, bool as_json) {
             << "options: --height " << c.run.height << " --width " << c.run.width << " --steps " << c.run.steps
             << " --guidance " << c.run.guidance << " --seed " << c.run.seed << " --dtype " << c.run.dtype
             << " --num-images-per-prompt " << c.run.num_images_per_prompt << " --max-sequence-length "
-            << c.run.max_sequence_length << " --microbatch-size " << c.run.microbatch_size << "\n";
+            << c.run.max_sequence_length << " --microbatch-size " << c.run.microbatch_size
+            << (c.run.transformer_gemms == "fp8" ? " --fp8-gemms" : "") << "\n";
   for (size_t p = 0; p < c.run.prompts.size(); ++p) {
     std::cout << "prompt " << p << ": \"" << c.run.prompts[p] << "\"\n  steps done per image:";
     for (int n = 0; n < c.run.num_images_per_prompt; ++n)

@@ -366,6 +366,8 @@ TEST(GenerateCommand, ACheckpointKeepsItsFp8GemmsSetting) {
   ASSERT_EQ(fp8.result.exit_code, 0) << fp8.result.output;
   const std::string fp8_checkpoint = only_checkpoint(dir + "/fp8-ck");  // step 1's; step 2 ended the run
   ASSERT_FALSE(fp8_checkpoint.empty());
+  const auto inspected = dp::test::run_command(dp::test::diffpipe_binary() + " inspect --checkpoint " + fp8_checkpoint);
+  EXPECT_NE(inspected.output.find("--microbatch-size 1 --fp8-gemms"), std::string::npos) << inspected.output;
   const Timed resumed = generate("--model " + tiny_pipe() + " --output-type latent --resume " + fp8_checkpoint +
                                  " --out " + dir + "/resumed.h5");
   ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.output;

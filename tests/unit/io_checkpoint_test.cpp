@@ -153,6 +153,22 @@ TEST(Checkpoint, Fp8GemmsAreRecordedAndCompared) {
   write_checkpoint(dir + "/unknown.h5", unknown);
   EXPECT_NE(error_of([&] { read_checkpoint(dir + "/unknown.h5"); }).find("transformer_gemms is 'int4'"),
             std::string::npos);
+  // --resume DIR picks by it when given, and lists it when it refuses.
+  const std::string folder = dir + "/runs";
+  fs::create_directory(folder);
+  write_checkpoint(folder + "/" + checkpoint_file_name(1, kRunA), c);
+  Checkpoint other = plain;
+  other.run_id = kRunB;
+  write_checkpoint(folder + "/" + checkpoint_file_name(1, kRunB), other);
+  ResumeRequest request;
+  request.model_fingerprint = c.model_fingerprint;
+  request.run = c.run;
+  request.given = {"fp8-gemms"};
+  EXPECT_EQ(select_resume_checkpoint(folder, request), folder + "/" + checkpoint_file_name(1, kRunA));
+  request.given = {};
+  const std::string why = error_of([&] { select_resume_checkpoint(folder, request); });
+  EXPECT_NE(why.find(std::string("run ") + kRunA), std::string::npos) << why;
+  EXPECT_NE(why.find("bf16 with --fp8-gemms"), std::string::npos) << why;
 }
 
 TEST(Checkpoint, RoundTripsEveryField) {
