@@ -37,7 +37,7 @@ io::ResumeRequest resume_request(const GenerateOptions& o, const std::vector<std
   r.run.max_sequence_length = o.max_sequence_length;
   if (o.was_given("dtype")) r.run.dtype = io::run_dtype_name(io::parse_run_dtype(o.dtype));
   r.run.microbatch_size = o.runtime.microbatch_size;
-  if (o.runtime.fp8_gemms) r.run.transformer_gemms = "fp8";
+  r.run.set_fp8_gemms(o.runtime.fp8_gemms);
   return r;
 }
 
@@ -75,7 +75,7 @@ void take_options_from_checkpoint(const io::CheckpointRun& c, GenerateOptions& o
   if (!o.was_given("max-sequence-length")) o.max_sequence_length = c.max_sequence_length;
   if (!o.was_given("dtype")) o.dtype = c.dtype;
   if (!o.was_given("microbatch-size")) o.runtime.microbatch_size = c.microbatch_size;
-  if (c.transformer_gemms == "fp8" && !o.runtime.fp8_gemms) {
+  if (c.fp8_gemms() && !o.runtime.fp8_gemms) {
     o.runtime.fp8_gemms = true;
     DP_INFO("--resume: the checkpoint was written with --fp8-gemms; this run continues with them");
   }

@@ -143,7 +143,7 @@ void inspect_checkpoint_file(const std::string& path, bool as_json) {
                    {"guidance", c.run.guidance}, {"seed", c.run.seed}, {"dtype", c.run.dtype},
                    {"num_images_per_prompt", c.run.num_images_per_prompt},
                    {"max_sequence_length", c.run.max_sequence_length}, {"microbatch_size", c.run.microbatch_size},
-                   {"fp8_gemms", c.run.transformer_gemms == "fp8"}}},
+                   {"fp8_gemms", c.run.fp8_gemms()}}},
       {"world_size", c.world_size},
       {"device_map", c.device_map},
       {"written_by", c.written_by},
@@ -166,7 +166,7 @@ void inspect_checkpoint_file(const std::string& path, bool as_json) {
             << " --guidance " << c.run.guidance << " --seed " << c.run.seed << " --dtype " << c.run.dtype
             << " --num-images-per-prompt " << c.run.num_images_per_prompt << " --max-sequence-length "
             << c.run.max_sequence_length << " --microbatch-size " << c.run.microbatch_size
-            << (c.run.transformer_gemms == "fp8" ? " --fp8-gemms" : "") << "\n";
+            << (c.run.fp8_gemms() ? " --fp8-gemms" : "") << "\n";
   for (size_t p = 0; p < c.run.prompts.size(); ++p) {
     std::cout << "prompt " << p << ": \"" << c.run.prompts[p] << "\"\n  steps done per image:";
     for (int n = 0; n < c.run.num_images_per_prompt; ++n)

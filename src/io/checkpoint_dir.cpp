@@ -114,7 +114,7 @@ std::string describe_run(const std::vector<const CheckpointEntry*>& entries) {
   return str(who, ": step", entries.size() > 1 ? "s " : " ", steps, " (newest ", file_name(entries.back()->path),
              "); ", h.run.prompts.size(), " prompt(s) ", prompts_text(h.run.prompts), " x ", h.run.num_images_per_prompt,
              ", ", h.run.width, "x", h.run.height, ", ", h.run.steps, " steps, seed ", h.run.seed, ", ", h.run.dtype,
-             h.run.transformer_gemms == "fp8" ? " with --fp8-gemms" : "");
+             h.run.fp8_gemms() ? " with --fp8-gemms" : "");
 }
 
 void check_checkpoint_dir_for_run(const std::string& dir, const std::string& run_id, bool may_share) {

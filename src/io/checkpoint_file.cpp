@@ -263,8 +263,8 @@ Checkpoint read_header(const Reader& r) {
     c.run.lora = r.text("lora");
     if (r.has_attribute("transformer_gemms")) {
       c.run.transformer_gemms = r.text("transformer_gemms");
-      DP_CHECK(c.run.transformer_gemms == "fp8", path, ": transformer_gemms is '", c.run.transformer_gemms,
-               "' (this build knows \"fp8\")");
+      DP_CHECK(c.run.fp8_gemms(), path, ": transformer_gemms is '", c.run.transformer_gemms, "' (this build knows \"",
+               kFp8TransformerGemms, "\")");
     }
     if (r.has("negative_prompts")) {
       c.run.negative_prompts = r.strings("negative_prompts");
@@ -391,8 +391,7 @@ std::vector<RunComparison> compare_runs(const CheckpointRun& checkpoint, const C
   compare("sigmas", sigmas_text(checkpoint.custom_sigmas), sigmas_text(run.custom_sigmas));
   compare("latents", checkpoint.initial_latents, run.initial_latents);
   compare("lora", checkpoint.lora, run.lora);
-  const auto gemms_text = [](const std::string& gemms) { return gemms == "fp8" ? "on" : "off"; };
-  compare("fp8-gemms", gemms_text(checkpoint.transformer_gemms), gemms_text(run.transformer_gemms));
+  compare("fp8-gemms", checkpoint.fp8_gemms() ? "on" : "off", run.fp8_gemms() ? "on" : "off");
   return out;
 }
 

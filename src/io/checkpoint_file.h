@@ -44,6 +44,8 @@ namespace dp::io {
 // The newest format this build reads and writes (a run writes the oldest version that holds what it uses).
 inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char* kCheckpointFormatName = "diffpipe-checkpoint";
+// CheckpointRun::transformer_gemms of a run with --fp8-gemms, the one value this build writes and reads.
+inline constexpr const char* kFp8TransformerGemms = "fp8";
 
 // A tensor as bytes: dtype "fp32", "bf16" or "fp16", row-major. `data` stays valid while `owner` lives (or
 // while the writer's caller keeps the source alive, for views).
@@ -76,7 +78,9 @@ struct CheckpointRun {
   std::vector<double> custom_sigmas;  // --sigmas; empty: FluxPipeline's default schedule
   std::string initial_latents;        // --latents: file and value digest; empty: drawn from the seed
   std::string lora;                   // the adapters (JSON); empty: none
-  std::string transformer_gemms;      // "fp8" (--fp8-gemms); empty: the run's dtype
+  std::string transformer_gemms;      // kFp8TransformerGemms (--fp8-gemms); empty: the run's dtype
+  bool fp8_gemms() const { return transformer_gemms == kFp8TransformerGemms; }
+  void set_fp8_gemms(bool on) { transformer_gemms = on ? kFp8TransformerGemms : ""; }
   bool uses_format_3() const;
 };
 

@@ -209,7 +209,7 @@ io::CheckpointRun checkpoint_run(const pipeline::GenerateRequest& request, int64
     run.lora = lora.dump();
   }
   // FP8 GEMMs round differently: resuming one setting's latents with the other would mix the two.
-  if (fp8_gemms) run.transformer_gemms = "fp8";
+  run.set_fp8_gemms(fp8_gemms);
   return run;
 }
 
