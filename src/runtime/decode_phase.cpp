@@ -44,8 +44,8 @@ DecodeBudget decode_budget(const RunContext& run, uint64_t stage_bytes) {
 
 WorkerDecode::WorkerDecode(RunContext& run) : run_(run), seen_(static_cast<size_t>(run.microbatches()), false) {
   const ComponentPlace& vae_place = run.components.vae;
-  decoder_.emplace(run.flux, run.request, run.grid, run.options.microbatch_size, vae_place.device(run.device),
-                   run.world.rank(), [this](int64_t microbatch, const at::Tensor& images) {
+  decoder_.emplace(run.flux, run.request, run.grid, run.options.microbatch_size, run.microbatches(),
+                   vae_place.device(run.device), run.world.rank(), [this](int64_t microbatch, const at::Tensor& images) {
                      run_.transport->send(0, {MessageKind::images, microbatch, -1, {images}});
                    });
   on_decode_ = [this](Message& message) {
@@ -83,7 +83,7 @@ int CoordinatorImages::decoding_rank() const { return run_.components.vae.rank; 
 
 void CoordinatorImages::prepare(uint64_t stage_bytes) {
   if (!run_.decode || decoding_rank() != 0) return;
-  local_.emplace(run_.flux, run_.request, run_.grid, run_.options.microbatch_size,
+  local_.emplace(run_.flux, run_.request, run_.grid, run_.options.microbatch_size, run_.microbatches(),
                  run_.components.vae.device(run_.device), 0,
                  [this](int64_t microbatch, const at::Tensor& images) { write(microbatch, images, 0); });
   local_->prepare(decode_budget(run_, stage_bytes), run_.options.warm_up);

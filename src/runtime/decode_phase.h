@@ -47,6 +47,8 @@ class CoordinatorImages {
   // Images from the decoding rank, checked before anything is written (the ring listens with this).
   void take(Message& message);
   int decoding_rank() const;
+  // Whether every microbatch has finished and rank 0 decodes: a stopped run still writes the last images then.
+  bool decodes_every_microbatch_here() const { return local_ && local_->accepted() == run_.microbatches(); }
   // After denoising (the blocks freed): decodes what was kept, or waits for the decoding rank's last images; adds
   // the decode stage's report.
   void finish();

@@ -62,11 +62,16 @@ GenerateOutcome run_coordinator(RunContext& run, EncodedPrompts encoded) {
   pipeline::release_cached_memory(run.device);
   CoordinatorImages images(run);
   CoordinatorRing ring = coordinator_ring_phase(run, start, images);
-  pipeline::release_cached_memory(run.device);
+  // The blocks' freed segments go back to the driver only under a cap, which counts them. Without one the last
+  // decode, which now follows the ring, need not wait for the driver's frees: the allocator returns cached
+  // segments by itself when a new one does not fit.
+  if (!run.options.max_memory.empty()) pipeline::release_cached_memory(run.device);
   const auto& on_latents = run.outputs.on_latents;
   if (ring.outcome.stopped || !run.decode) {
+    // Stopped: the checkpoint holds the state, and the images of microbatches finished before it are written
+    // (the last one decodes only now, once the blocks are freed).
+    if (ring.outcome.stopped && images.decodes_every_microbatch_here()) images.finish();
     write_rank_report(run, ring.figures);
-    // Stopped: the checkpoint holds the state, and the images of microbatches finished before it are written.
     if (!ring.outcome.stopped && on_latents) on_latents(ring.final_latents);
     return ring.outcome;
   }

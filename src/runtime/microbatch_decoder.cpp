@@ -28,10 +28,10 @@ std::string megabytes(double bytes) { return str(std::fixed, std::setprecision(1
 }  // namespace
 
 MicrobatchDecoder::MicrobatchDecoder(pipeline::FluxPipeline& flux, const pipeline::GenerateRequest& request,
-                                     const pipeline::LatentGrid& grid, int64_t microbatch_size, at::Device device,
-                                     int rank, Deliver deliver)
-    : flux_(flux), request_(request), grid_(grid), microbatch_size_(microbatch_size), device_(device), rank_(rank),
-      deliver_(std::move(deliver)) {}
+                                     const pipeline::LatentGrid& grid, int64_t microbatch_size, int64_t microbatches,
+                                     at::Device device, int rank, Deliver deliver)
+    : flux_(flux), request_(request), grid_(grid), microbatch_size_(microbatch_size), microbatches_(microbatches),
+      device_(device), rank_(rank), deliver_(std::move(deliver)) {}
 
 void MicrobatchDecoder::prepare(const DecodeBudget& budget, bool warm_up) {
   // The activations of one microbatch, the larger of a transformer step and a VAE decode: with the VAE resident
@@ -111,6 +111,13 @@ MicrobatchDecoder::~MicrobatchDecoder() {
 
 void MicrobatchDecoder::accept(int64_t microbatch, const at::Tensor& latents) {
   ++accepted_;
+  if (resident_ && accepted_ == microbatches_) {
+    // Left on its device: finish() runs once the blocks are freed, so the decode's activations take their place.
+    kept_[microbatch] = latents;
+    DP_INFO("rank ", rank_, ": microbatch ", microbatch, ", the last, is decoded once this rank's transformer blocks "
+            "are freed (beside them its decode would set the device's peak)");
+    return;
+  }
   if (resident_) {
     decode(microbatch, latents);
     return;

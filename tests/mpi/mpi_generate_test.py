@@ -561,7 +561,14 @@ def case_incremental(binary, model, tmp, ranks):
         first_write = next(i for i, l in enumerate(lines) if "] wrote " in l)
         if last_step is None or not first_write < last_step:
             fail(f"{world} rank(s): the first image was not written before the last step:\n{output}")
-        print(f"{world} rank(s): images written in order of completion {order}, the first before progress 6/6")
+        # The last microbatch waits for the blocks to be freed, so that its decode does not add to their memory.
+        deferred = next((i for i, l in enumerate(lines) if "microbatch 3, the last, is decoded once" in l), None)
+        last_write = max(i for i, l in enumerate(lines) if "] wrote " in l)
+        if deferred is None or not last_step < last_write or not deferred < last_write:
+            fail(f"{world} rank(s): the last image was not decoded after the loop, once the blocks were freed:\n"
+                 f"{output}")
+        print(f"{world} rank(s): images written in order of completion {order}, the first before progress 6/6, "
+              "the last after the loop")
 
     # Rank 0 killed once the first image is on disk, and the decoding worker (the VAE on rank 1): the images
     # already written stay, complete.
