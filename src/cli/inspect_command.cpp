@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "cli/command.h"
 #include "cli/format.h"
@@ -119,6 +120,25 @@ void run_inspect(const std::string& model_dir, bool as_json) {
            " found (listed above)");
 }
 
+// The adapters' record as JSON when it parses (it is written as JSON), else as the text it is.
+nlohmann::ordered_json adapters_json(const std::string& record) {
+  if (record.empty()) return nullptr;
+  auto parsed = nlohmann::ordered_json::parse(record, nullptr, /*allow_exceptions=*/false);
+  return parsed.is_discarded() ? nlohmann::ordered_json(record) : parsed;
+}
+
+// The format-3 options a run used, as generate's flags (the negative prompts, the initial latents and the
+// adapters have lines of their own).
+std::string format_3_options(const io::CheckpointRun& run) {
+  std::ostringstream out;
+  if (!run.negative_prompts.empty() || run.true_cfg_scale != 1.0) out << " --true-cfg-scale " << run.true_cfg_scale;
+  if (!run.custom_sigmas.empty()) {
+    out << " --sigmas ";
+    for (size_t i = 0; i < run.custom_sigmas.size(); ++i) out << (i > 0 ? "," : "") << run.custom_sigmas[i];
+  }
+  return out.str();
+}
+
 // `inspect --checkpoint FILE`: what a denoising checkpoint holds, read and validated as --resume would.
 void inspect_checkpoint_file(const std::string& path, bool as_json) {
   const io::Checkpoint c = io::read_checkpoint(path);  // throws naming what is wrong
@@ -143,7 +163,9 @@ void inspect_checkpoint_file(const std::string& path, bool as_json) {
                    {"guidance", c.run.guidance}, {"seed", c.run.seed}, {"dtype", c.run.dtype},
                    {"num_images_per_prompt", c.run.num_images_per_prompt},
                    {"max_sequence_length", c.run.max_sequence_length}, {"microbatch_size", c.run.microbatch_size},
-                   {"fp8_gemms", c.run.fp8_gemms()}}},
+                   {"fp8_gemms", c.run.fp8_gemms()}, {"negative_prompts", c.run.negative_prompts},
+                   {"true_cfg_scale", c.run.true_cfg_scale}, {"sigmas", c.run.custom_sigmas},
+                   {"latents", c.run.initial_latents}, {"lora", adapters_json(c.run.lora)}}},
       {"world_size", c.world_size},
       {"device_map", c.device_map},
       {"written_by", c.written_by},
@@ -166,7 +188,11 @@ void inspect_checkpoint_file(const std::string& path, bool as_json) {
             << " --guidance " << c.run.guidance << " --seed " << c.run.seed << " --dtype " << c.run.dtype
             << " --num-images-per-prompt " << c.run.num_images_per_prompt << " --max-sequence-length "
             << c.run.max_sequence_length << " --microbatch-size " << c.run.microbatch_size
-            << (c.run.fp8_gemms() ? " --fp8-gemms" : "") << "\n";
+            << (c.run.fp8_gemms() ? " --fp8-gemms" : "") << format_3_options(c.run) << "\n";
+  for (size_t p = 0; p < c.run.negative_prompts.size(); ++p)
+    std::cout << "negative prompt " << p << ": \"" << c.run.negative_prompts[p] << "\"\n";
+  if (!c.run.initial_latents.empty()) std::cout << "initial latents (--latents): " << c.run.initial_latents << "\n";
+  if (!c.run.lora.empty()) std::cout << "adapters (--lora): " << c.run.lora << "\n";
   for (size_t p = 0; p < c.run.prompts.size(); ++p) {
     std::cout << "prompt " << p << ": \"" << c.run.prompts[p] << "\"\n  steps done per image:";
     for (int n = 0; n < c.run.num_images_per_prompt; ++n)

@@ -36,6 +36,7 @@ Cases:
                   resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option.
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
+import json
 import os
 import pathlib
 import shutil
@@ -480,6 +481,16 @@ def case_extras(binary, model, tmp, ranks, at):
             if not ok:
                 fail(f"extras checkpoint: {what} not as documented")
     print(f"extras: stopped at step {k} on {ranks} rank(s); the format-3 checkpoint holds adapter, CFG and sigmas")
+    code, shown, _ = run([binary, "inspect", "--checkpoint", str(path)])
+    for text in ("--true-cfg-scale 2 --sigmas 1,0.7,0.4,0.15", 'negative prompt 0: "blurry, dull"',
+                 "adapters (--lora): ", "style"):
+        if code != 0 or text not in shown:
+            fail(f"extras: inspect --checkpoint (exit {code}) does not show '{text}':\n{shown}")
+    code, shown, _ = run([binary, "inspect", "--checkpoint", str(path), "--json"])
+    options = json.loads(shown)["options"] if code == 0 else {}
+    if (options.get("negative_prompts") != ["blurry, dull"] or options.get("true_cfg_scale") != 2.0
+            or options.get("sigmas") != [1.0, 0.7, 0.4, 0.15] or "style" not in json.dumps(options.get("lora"))):
+        fail(f"extras: inspect --checkpoint --json (exit {code}) lacks the format-3 options:\n{shown}")
     resume_and_compare(binary, model, tmp, ckdir, ranks, expected, "extras resumed from --resume alone")
     resume = ["generate", "--model", str(model), "--output-type", "latent", "--out", str(tmp / "r.h5"),
               "--resume", str(path)]
