@@ -122,6 +122,30 @@ TEST_F(Fp8Cuda, QuantiserKernelGivesTheAtenBits) {
   }
 }
 
+TEST_F(Fp8Cuda, QuotientsWithoutADivisionGiveTheAtenBitsOnHardRows) {
+  // The kernel divides by a correction of the reciprocal's product (quotient() in fp8_quantize.cu). Rows where
+  // that is hardest: GELU's -0 and tiny negatives, values spread over ten decades, and integers, whose quotients
+  // often fall exactly on a midpoint of two e4m3 codes (a tie, rounded to even).
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(21);
+  const at::Tensor normal = at::randn({64, 3072}, generator);
+  const at::Tensor decades = at::pow(10.0, at::rand({64, 3072}, generator) * 10 - 8);
+  const std::vector<std::pair<const char*, at::Tensor>> rows = {
+      {"gelu", at::gelu(normal * 4, "tanh")},
+      {"decades", (at::rand({64, 3072}, generator) - 0.5) * decades},
+      {"integers", at::round(normal * 100)},
+  };
+  for (const auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const auto& [name, values] : rows) {
+      const at::Tensor x = values.to(dtype);
+      const Fp8Rows on_gpu = quantize_rows_fp8(x.cuda());
+      const Fp8Rows on_cpu = quantize_rows_fp8(x);
+      EXPECT_TRUE(at::equal(on_gpu.scales.cpu(), on_cpu.scales)) << dtype << " " << name;
+      EXPECT_TRUE(at::equal(on_gpu.values.cpu().view(at::kByte), on_cpu.values.view(at::kByte))) << dtype << " "
+                                                                                                   << name;
+    }
+  }
+}
+
 TEST_F(Fp8Cuda, JoinedRowsMatchTheirConcatenationOnTheGpu) {
   // The kernel's GELU against ATen's CUDA GELU, then the plain quantiser: the same formula, so the same codes.
   // bf16 rows (30 KB) are kept in shared memory between the two passes; fp32 ones (60 KB) are read twice.
