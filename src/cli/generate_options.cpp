@@ -82,7 +82,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_flag("--fp8-gemms", o.runtime.fp8_gemms,
                "run the transformer blocks' projections as FP8 GEMMs (e4m3, a scale per weight channel and per "
                "token; needs compute capability 8.9+ and bf16): a 1024x1024 FLUX.1-dev step took 102 ms against "
-               "126 ms on an H100 and the peak 24.1 GB against 26.7, at some cost in fidelity (47 dB from diffusers' "
+               "126 ms on an H100 (peak 24.1 GB against 24.3), at some cost in fidelity (47 dB from diffusers' "
                "bf16 image on random weights; measure on yours). Blocks offloaded by the device map stay bf16. "
                "Also DIFFPIPE_FP8_GEMMS=1");
   cmd.add_flag("--no-warm-up", o.no_warm_up,
