@@ -33,7 +33,10 @@ Cases:
   extras          a run with a LoRA adapter (unfused), true CFG (--negative-prompt, --true-cfg-scale) and --sigmas
                   stopped by SIGUSR1 writes a format-3 checkpoint holding them (h5py), resumes from --resume alone
                   (the adapter reopened from the path it records) bit-identical to the uninterrupted run, and a
-                  resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option.
+                  resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option;
+                  inspect --checkpoint shows those options.
+  last-image      PNG output stopped by SIGUSR1 at the boundary after the last step (--at last): exit 75, and every
+                  image is written (the last one decodes after the blocks are freed), byte for byte as uninterrupted.
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
 import json
@@ -501,11 +504,35 @@ def case_extras(binary, model, tmp, ranks, at):
                    "another adapter scale", ["--lora: checkpoint"])
 
 
+def case_last_image(binary, model, tmp, ranks, at):
+    # Stopped at the boundary after the last step: every microbatch has finished, and the last one, which is
+    # decoded only once the blocks are freed, is still written, as the ones before it were.
+    reference_png = tmp / "last-reference.png"
+    code, output, _ = run(launcher(ranks) + [binary] + args_for(model, reference_png, ["--output-type", "png"]))
+    if code != 0:
+        fail(f"last-image: the uninterrupted run exited {code}:\n{output}")
+    out = tmp / "last-stopped.png"
+    env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP=str(STEP_OF[at]))
+    command = launcher(ranks) + [binary] + args_for(model, out, ["--output-type", "png", "--checkpoint-dir",
+                                                                  str(tmp / "ck-last-image")])
+    code, output = run_until_held(command, env, lambda job: job.send_signal(signal.SIGUSR1), "last-image")
+    if code != EXIT_STOPPED:
+        fail(f"last-image: exit {code}, expected {EXIT_STOPPED}:\n{output}")
+    images = len(PROMPTS) * 2  # generate_args' --num-images-per-prompt 2
+    for i in range(images):
+        ours, theirs = out.with_name(f"{out.stem}-{i}.png"), reference_png.with_name(f"{reference_png.stem}-{i}.png")
+        if not ours.exists() or ours.read_bytes() != theirs.read_bytes():
+            fail(f"last-image: {ours.name} is missing or differs from the uninterrupted run's after a stop at step "
+                 f"{STEP_OF[at]}:\n{output}")
+    print(f"last-image: stopped at step {STEP_OF[at]} of {STEPS} on {ranks} rank(s) (exit {code}); all {images} "
+          "images written, byte for byte the uninterrupted run's")
+
+
 CASES = {"signal": case_signal, "signal-rank0": case_signal_rank0, "signal-worker": case_signal_worker,
          "signal-twice": case_signal_twice,
          "sigterm": case_sigterm, "killed": case_killed, "world-size": case_world_size, "mesh": case_mesh,
          "refused": case_refused, "layout": case_layout, "embeddings": case_embeddings, "shared-dir": case_shared_dir,
-         "extras": case_extras}
+         "extras": case_extras, "last-image": case_last_image}
 
 
 def add_step_option(parser):
