@@ -44,10 +44,11 @@ DecodeBudget decode_budget(const RunContext& run, uint64_t stage_bytes) {
 
 WorkerDecode::WorkerDecode(RunContext& run) : run_(run), seen_(static_cast<size_t>(run.microbatches()), false) {
   const ComponentPlace& vae_place = run.components.vae;
+  const auto send_images = [this](int64_t microbatch, const at::Tensor& images) {
+    run_.transport->send(0, {MessageKind::images, microbatch, -1, {images}});
+  };
   decoder_.emplace(run.flux, run.request, run.grid, run.options.microbatch_size, run.microbatches(),
-                   vae_place.device(run.device), run.world.rank(), [this](int64_t microbatch, const at::Tensor& images) {
-                     run_.transport->send(0, {MessageKind::images, microbatch, -1, {images}});
-                   });
+                   vae_place.device(run.device), run.world.rank(), send_images);
   on_decode_ = [this](Message& message) {
     const int64_t id = message.microbatch;
     const bool known = id >= 0 && id < run_.microbatches() && !seen_[static_cast<size_t>(id)];
@@ -99,6 +100,7 @@ void CoordinatorImages::hand_over(int64_t microbatch, const at::Tensor& latents)
   const int64_t first_row = microbatch * run_.options.microbatch_size;
   DP_INFO("microbatch ", microbatch, " finished (images ", first_row, " to ", first_row + latents.size(0) - 1,
           "): to rank ", decoding_rank(), " to decode");
+  ++handed_over_;
   if (local_) local_->accept(microbatch, latents);
   else run_.transport->send(decoding_rank(), {MessageKind::decode, microbatch, -1, {latents}});
 }

@@ -47,8 +47,9 @@ class CoordinatorImages {
   // Images from the decoding rank, checked before anything is written (the ring listens with this).
   void take(Message& message);
   int decoding_rank() const;
-  // Whether every microbatch has finished and rank 0 decodes: a stopped run still writes the last images then.
-  bool decodes_every_microbatch_here() const { return local_ && local_->accepted() == run_.microbatches(); }
+  // Whether every microbatch has finished and been handed over to decode: a run stopped at the last step's
+  // boundary then still writes the last images (decoded only once the blocks are freed, here or on the VAE's rank).
+  bool every_microbatch_handed_over() const { return handed_over_ == run_.microbatches(); }
   // After denoising (the blocks freed): decodes what was kept, or waits for the decoding rank's last images; adds
   // the decode stage's report.
   void finish();
@@ -60,6 +61,7 @@ class CoordinatorImages {
   RunContext& run_;
   std::optional<MicrobatchDecoder> local_;
   std::vector<bool> images_in_;
+  int64_t handed_over_ = 0;
   int64_t written_ = 0;
 };
 

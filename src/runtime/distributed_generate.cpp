@@ -70,7 +70,7 @@ GenerateOutcome run_coordinator(RunContext& run, EncodedPrompts encoded) {
   if (ring.outcome.stopped || !run.decode) {
     // Stopped: the checkpoint holds the state, and the images of microbatches finished before it are written
     // (the last one decodes only now, once the blocks are freed).
-    if (ring.outcome.stopped && images.decodes_every_microbatch_here()) images.finish();
+    if (ring.outcome.stopped && images.every_microbatch_handed_over()) images.finish();
     write_rank_report(run, ring.figures);
     if (!ring.outcome.stopped && on_latents) on_latents(ring.final_latents);
     return ring.outcome;

@@ -36,7 +36,9 @@ Cases:
                   resume with another --true-cfg-scale, --sigmas or adapter scale is refused naming the option;
                   inspect --checkpoint shows those options.
   last-image      PNG output stopped by SIGUSR1 at the boundary after the last step (--at last): exit 75, and every
-                  image is written (the last one decodes after the blocks are freed), byte for byte as uninterrupted.
+                  image is written (the last one decodes after the blocks are freed), byte for byte as uninterrupted;
+                  on several ranks with the VAE on rank 1, whose last images rank 0 waits for (it used to end without
+                  them, and rank 1 waited out --transport-timeout sending them).
 
 Needs DIFFPIPE_BINARY and h5py/numpy (the pinned venv)."""
 import json
@@ -53,7 +55,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from mpi_case import fail, mpirun, run, run_case  # noqa: E402
-from mpi_generate_test import PROMPTS, generate_args, latents, rank_pids, write_tiny_lora  # noqa: E402
+from mpi_generate_test import (PROMPTS, generate_args, latents, rank_pids, tiny_block_map,  # noqa: E402
+                               write_tiny_lora)
 
 STEPS = 4
 EXIT_STOPPED = 75
@@ -506,18 +509,24 @@ def case_extras(binary, model, tmp, ranks, at):
 
 def case_last_image(binary, model, tmp, ranks, at):
     # Stopped at the boundary after the last step: every microbatch has finished, and the last one, which is
-    # decoded only once the blocks are freed, is still written, as the ones before it were.
+    # decoded only once the blocks are freed, is still written, as the ones before it were. On several ranks the
+    # VAE runs on rank 1, so rank 0 waits for the images that rank decodes after its ring.
+    extra = ["--output-type", "png"]
+    if ranks > 1:
+        extra += ["--pipeline-device-map", "balanced", "--max-memory", "1=1GB",
+                  "--device-map", str(tiny_block_map(tmp, ranks))]
     reference_png = tmp / "last-reference.png"
-    code, output, _ = run(launcher(ranks) + [binary] + args_for(model, reference_png, ["--output-type", "png"]))
+    code, output, _ = run(launcher(ranks) + [binary] + args_for(model, reference_png, extra))
     if code != 0:
         fail(f"last-image: the uninterrupted run exited {code}:\n{output}")
     out = tmp / "last-stopped.png"
     env = dict(os.environ, DIFFPIPE_TEST_HOLD_AT_STEP=str(STEP_OF[at]))
-    command = launcher(ranks) + [binary] + args_for(model, out, ["--output-type", "png", "--checkpoint-dir",
-                                                                  str(tmp / "ck-last-image")])
+    command = launcher(ranks) + [binary] + args_for(model, out, extra + ["--checkpoint-dir", str(tmp / "ck-last")])
     code, output = run_until_held(command, env, lambda job: job.send_signal(signal.SIGUSR1), "last-image")
     if code != EXIT_STOPPED:
         fail(f"last-image: exit {code}, expected {EXIT_STOPPED}:\n{output}")
+    if ranks > 1 and "decoded on rank 1)" not in output:
+        fail(f"last-image: the images were not decoded on rank 1:\n{output}")
     images = len(PROMPTS) * 2  # generate_args' --num-images-per-prompt 2
     for i in range(images):
         ours, theirs = out.with_name(f"{out.stem}-{i}.png"), reference_png.with_name(f"{reference_png.stem}-{i}.png")
