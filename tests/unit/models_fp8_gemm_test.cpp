@@ -5,7 +5,11 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "core/error.h"
 #include "models/flux/fp8_gemm.h"
@@ -94,6 +98,42 @@ TEST(Fp8Rows, JoinedRowsAreTheConcatenationThroughItsGelu) {
   EXPECT_TRUE(at::equal(joined.values.view(at::kByte), expected.values.view(at::kByte)));
   EXPECT_THROW(quantize_rows_fp8(attention, false, mlp.slice(0, 1), true), Error) << "rows must pair up";
   EXPECT_THROW(quantize_rows_fp8(attention, false, mlp.to(at::kFloat), true), Error) << "one dtype";
+}
+
+// The CUDA quantiser's division-free quotient (quotient() in models/flux/cuda/fp8_quantize.cu) written out on the
+// host: the product by the correctly rounded reciprocal, corrected once by its exact residual, with the dividend's
+// sign, must be the IEEE quotient, bit for bit, for every value the kernel divides (Markstein's theorem outside
+// underflow; below it the e4m3 code is a signed 0 either way, so only the sign must hold there).
+TEST(Fp8Quotient, ReciprocalProductCorrectedByItsResidualIsTheIeeeQuotient) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  const int64_t n = 1 << 20;
+  const at::Tensor normal = at::randn({n}, generator);
+  const std::vector<std::pair<const char*, at::Tensor>> kinds = {
+      {"random", normal * 3},
+      {"gelu bf16", at::gelu(normal * 3, "tanh").to(at::kBFloat16).to(at::kFloat)},
+      {"ten decades", (at::rand({n}, generator) - 0.5) * at::pow(10.0, at::rand({n}, generator) * 10 - 8)},
+      {"bf16 integers", at::round(normal * 100).to(at::kBFloat16).to(at::kFloat)},
+  };
+  for (const auto& [name, values] : kinds) {
+    const at::Tensor x = values.contiguous();
+    const float* data = x.data_ptr<float>();
+    const float scale = std::max(x.abs().max().item<float>(), 1e-12f) / 448.0f;
+    const float reciprocal = 1.0f / scale;
+    int64_t differing = 0, zeros_of_the_wrong_sign = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const volatile float product = data[i] * reciprocal;  // rounded on its own, as __fmul_rn, never fused
+      const float residual = std::fma(-product, scale, data[i]);
+      const float corrected = std::copysign(std::fma(residual, reciprocal, product), data[i]);
+      const float ieee = data[i] / scale;
+      if (std::fabs(ieee) < std::numeric_limits<float>::min()) {
+        zeros_of_the_wrong_sign += std::signbit(corrected) != std::signbit(ieee);
+        continue;
+      }
+      differing += std::memcmp(&corrected, &ieee, sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differing, 0) << name;
+    EXPECT_EQ(zeros_of_the_wrong_sign, 0) << name;
+  }
 }
 
 TEST(Fp8Support, TheCpuEmulatesAnyDtype) {

@@ -40,8 +40,8 @@ __device__ float block_max(float x, float* scratch) {
 // The IEEE quotient x / scale without a division: with the reciprocal correctly rounded, the product corrected
 // once by its exact residual (two FMAs) is the correctly rounded quotient (Markstein's theorem), outside underflow,
 // where the code is 0 either way; the sign is x's, so that -0 stays -0 as x / scale keeps it. A row whose largest
-// magnitude is infinite (reciprocal 0) divides, as ATen does, for its NaNs and zeros. Checked against the IEEE
-// division on 160 million values (random, GELU'd bf16, wide-range) before the GPU tests compare codes with ATen.
+// magnitude is infinite (reciprocal 0) divides, as ATen does, for its NaNs and zeros. The same arithmetic on the
+// host is checked against the IEEE division in models_fp8_gemm_test (Fp8Quotient), the codes against ATen on CUDA.
 __device__ __forceinline__ float quotient(float x, float scale, float reciprocal) {
   if (reciprocal == 0.0f) return __fdiv_rn(x, scale);
   const float product = __fmul_rn(x, reciprocal);
