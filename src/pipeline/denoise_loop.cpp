@@ -28,6 +28,26 @@ StepResult LocalExecutor::wait_result() {
 
 namespace {
 
+// One step's transformer inputs for the rows [first_row, first_row + latents.size(0)) at `step`.
+std::vector<at::Tensor> transformer_inputs(const DenoiseJob& job, const at::Tensor& latents, int64_t first_row,
+                                           int step) {
+  const int64_t rows = latents.size(0);
+  const float t = job.scheduler->timesteps()[static_cast<size_t>(step)];
+  // FluxPipeline passes t cast to the latent dtype, divided by 1000 in that dtype.
+  at::Tensor timestep = at::full({rows}, t, latents.options()) / 1000;
+  at::Tensor guidance;
+  // Both passes of true CFG take the same guidance embedding, as FluxPipeline's two transformer calls do.
+  if (job.guidance_embeds) guidance = at::full({rows}, job.guidance, latents.options().dtype(at::kFloat));
+  std::vector<at::Tensor> inputs{latents, timestep, guidance};
+  if (job.adapter_choices.defined()) inputs.push_back(job.adapter_choices.narrow(0, first_row, rows));
+  return inputs;
+}
+
+// FluxPipeline: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred), in the run dtype.
+at::Tensor true_cfg_noise(const at::Tensor& cond, const at::Tensor& uncond, double scale) {
+  return uncond + scale * (cond - uncond);
+}
+
 struct Microbatch {
   int64_t first_row = 0;
   at::Tensor latents;
@@ -45,7 +65,6 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   DP_CHECK(job.microbatch_size >= 1, "--microbatch-size must be at least 1, got ", job.microbatch_size);
   const int64_t batch = job.latents.size(0);
   const int steps = job.scheduler->num_inference_steps();
-  const auto options = job.latents.options();
 
   DP_CHECK(job.start_steps.empty() || static_cast<int64_t>(job.start_steps.size()) == batch, "resume: ",
            job.start_steps.size(), " image step indices for a batch of ", batch);
@@ -71,16 +90,7 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   // prompts) 2i + 1.
   const int passes = cfg ? 2 : 1;
   const auto step_inputs = [&](const Microbatch& m) {
-    const int64_t rows = m.latents.size(0);
-    const float t = job.scheduler->timesteps()[static_cast<size_t>(m.next_step)];
-    // FluxPipeline passes t cast to the latent dtype, divided by 1000 in that dtype.
-    at::Tensor timestep = at::full({rows}, t, options) / 1000;
-    at::Tensor guidance;
-    // Both passes of true CFG take the same guidance embedding, as FluxPipeline's two transformer calls do.
-    if (job.guidance_embeds) guidance = at::full({rows}, job.guidance, options.dtype(at::kFloat));
-    std::vector<at::Tensor> inputs{m.latents, timestep, guidance};
-    if (job.adapter_choices.defined()) inputs.push_back(job.adapter_choices.narrow(0, m.first_row, rows));
-    return inputs;
+    return transformer_inputs(job, m.latents, m.first_row, m.next_step);
   };
 
   // A window of `depth` microbatches circulates: each has one step in flight at a time, and a microbatch's next
@@ -177,8 +187,7 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
       if (!m.pass_results[1 - pass].defined()) continue;  // the Euler step waits for the other pass
       const at::Tensor cond = std::move(m.pass_results[0]), uncond = std::move(m.pass_results[1]);
       m.pass_results[0] = m.pass_results[1] = at::Tensor();
-      // FluxPipeline: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred), in the run dtype.
-      noise_pred = uncond + job.true_cfg_scale * (cond - uncond);
+      noise_pred = true_cfg_noise(cond, uncond, job.true_cfg_scale);
     }
     m.latents = job.scheduler->step(noise_pred, m.next_step, m.latents);
     if (callbacks.check_step) callbacks.check_step(index, m.next_step, m.latents);
@@ -203,6 +212,19 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   }
   if (!job.keep_final_latents && !stopping) return at::Tensor();
   return state().latents();
+}
+
+void warm_up_loop_kernels(const DenoiseJob& job, const LoopCallbacks& callbacks) {
+  c10::InferenceMode guard;
+  DP_CHECK(job.scheduler != nullptr && job.scheduler->num_inference_steps() > 0, "the scheduler has no timesteps");
+  const int64_t rows = std::min(job.microbatch_size, job.latents.size(0));
+  const at::Tensor latents = at::zeros({rows, job.latents.size(1), job.latents.size(2)}, job.latents.options());
+  const std::vector<at::Tensor> inputs = transformer_inputs(job, latents, 0, 0);
+  at::Tensor noise_pred = at::zeros_like(latents);
+  if (job.true_cfg_scale > 1) noise_pred = true_cfg_noise(noise_pred, at::zeros_like(latents), job.true_cfg_scale);
+  const at::Tensor stepped = job.scheduler->step(noise_pred, 0, latents);
+  // A kernel loads when it is launched, so nothing needs to wait for these to finish.
+  if (callbacks.check_step) callbacks.check_step(0, 0, stepped);
 }
 
 }  // namespace dp::pipeline

@@ -4,11 +4,15 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <c10/core/DeviceGuard.h>
+
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <iomanip>
 
 #include "core/error.h"
+#include "core/human_units.h"
 #include "core/log.h"
 #include "io/run_dtype.h"
 #include "io/torch_tensors.h"
@@ -41,6 +45,32 @@ io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSch
   return base;
 }
 
+// The loop's own kernels (pipeline::warm_up_loop_kernels) loaded on a thread while this one loads the blocks:
+// CUDA runs without --no-warm-up. The thread's device is the run's; it holds references to `job` and
+// `callbacks`, so finish_loop_warm_up must be called before they go.
+std::future<void> warm_up_loop_kernels_beside(const RunContext& run, const pipeline::DenoiseJob& job,
+                                              const pipeline::LoopCallbacks& callbacks) {
+  if (!run.options.warm_up || !run.device.is_cuda()) return {};
+  return std::async(std::launch::async, [&run, &job, &callbacks] {
+    c10::OptionalDeviceGuard device_guard;
+    device_guard.reset_device(run.device);
+    const auto started = std::chrono::steady_clock::now();
+    pipeline::warm_up_loop_kernels(job, callbacks);
+    DP_INFO("rank 0: warmed up the loop's kernels (timestep rows, Euler step, finite check) beside the blocks' load "
+            "in ", human_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()));
+  });
+}
+
+// A failed warm-up costs only speed: step 1 then loads those kernels itself.
+void finish_loop_warm_up(std::future<void>& warming) {
+  if (!warming.valid()) return;
+  try {
+    warming.get();
+  } catch (const std::exception& e) {
+    DP_WARN("rank 0: warming up the loop's kernels failed, step 1 pays their first use: ", e.what());
+  }
+}
+
 }  // namespace
 
 CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& start, CoordinatorImages& images) {
@@ -51,16 +81,30 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
   const at::Tensor& latents = start.latents;
   CoordinatorRing result;
   pipeline::StageTimer timer("denoise", device, run.flux.report_sink());
-  LoadedStage loaded = timer.loading("transformer load", [&] { return take_loaded_stage(run); });
+  const pipeline::DenoiseSchedule schedule = run.flux.schedule(request, latents.size(1));
+  pipeline::DenoiseJob job =
+      pipeline::make_denoise_job(request, start.prompts, latents, schedule, options.microbatch_size);
+  pipeline::LoopCallbacks callbacks;
+  // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
+  const int steps = schedule.scheduler.num_inference_steps();
+  const bool several_microbatches = latents.size(0) > options.microbatch_size;
+  callbacks.check_step = [steps, several_microbatches](int64_t microbatch, int step, const at::Tensor& stepped) {
+    const std::string where = several_microbatches ? str("microbatch ", microbatch) : "";
+    pipeline::check_step_latents(stepped, {step + 1, steps, where});
+  };
+  LoadedStage loaded = timer.loading("transformer load", [&] {
+    auto warming = warm_up_loop_kernels_beside(run, job, callbacks);
+    LoadedStage taken = take_loaded_stage(run);
+    finish_loop_warm_up(warming);
+    return taken;
+  });
   result.figures.load_seconds = loaded.seconds;
   result.figures.load_bytes = loaded.bytes;
   images.prepare(loaded.bytes);
-  const pipeline::DenoiseSchedule schedule = run.flux.schedule(request, latents.size(1));
   RingExecutor executor(run.layout(), run.transport.get(), loaded.stage, device, options.transport_timeout_seconds,
                         run.exchange.get());
   if (run.decode && images.decoding_rank() != 0)
     executor.listen_to(images.decoding_rank(), [&images](Message& message) { images.take(message); });
-  pipeline::DenoiseJob job = pipeline::make_denoise_job(request, start.prompts, latents, schedule, options.microbatch_size);
   // Checkpoints hold every image's latents, finished ones too (a resume decodes those again).
   job.keep_final_latents = !run.decode || !checkpoints.dir.empty();
   if (checkpoints.resume) {
@@ -75,15 +119,8 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
   }
   Checkpointer checkpointer(checkpoints, checkpoints.dir.empty() ? io::Checkpoint{}
                                                                  : checkpoint_base(run, schedule, start.prompts));
-  pipeline::LoopCallbacks callbacks;
   if (!checkpoints.dir.empty())
     callbacks.at_boundary = [&checkpointer](const pipeline::LoopState& state) { return checkpointer.at_boundary(state); };
-  // NaN weights or an overflow give an all-black image with exit 0 unless a step is checked: one reduction each.
-  const int steps = schedule.scheduler.num_inference_steps();
-  const bool several_microbatches = latents.size(0) > options.microbatch_size;
-  callbacks.check_step = [steps, several_microbatches](int64_t microbatch, int step, const at::Tensor& stepped) {
-    pipeline::check_step_latents(stepped, {step + 1, steps, several_microbatches ? str("microbatch ", microbatch) : ""});
-  };
   if (run.decode) {
     callbacks.on_microbatch_done = [&](int64_t first_row, const at::Tensor& done) {
       images.hand_over(first_row / options.microbatch_size, done);

@@ -186,5 +186,35 @@ TEST(DenoiseLoop, TrueCfgWindowHoldsHalfAsManyMicrobatchesAndAdapterChoicesTrave
   }
 }
 
+// The loop's kernels warmed on zeros: one microbatch's shape goes through the check, nothing of the job changes
+// (the scheduler's timesteps, the latents) and the run after it gives what it gives without.
+TEST(DenoiseLoop, WarmingUpTheLoopsKernelsChecksOneMicrobatchOfZerosAndLeavesTheJobAlone) {
+  for (const bool cfg : {false, true}) {
+    schedulers::FlowMatchEulerScheduler scheduler{schedulers::FlowMatchSchedulerConfig{}};
+    scheduler.set_timesteps(3);
+    DenoiseJob job = cfg_job(scheduler, 3);
+    if (!cfg) job.true_cfg_scale = 1.0;
+    job.microbatch_size = 2;
+    const at::Tensor latents_before = job.latents.clone();
+    const std::vector<float> timesteps_before = scheduler.timesteps();
+    std::vector<at::Tensor> checked;
+    LoopCallbacks callbacks;
+    callbacks.check_step = [&](int64_t, int, const at::Tensor& stepped) { checked.push_back(stepped.clone()); };
+    warm_up_loop_kernels(job, callbacks);
+    ASSERT_EQ(checked.size(), 1u);
+    EXPECT_EQ(checked[0].sizes(), (std::vector<int64_t>{2, job.latents.size(1), job.latents.size(2)}));
+    EXPECT_EQ(checked[0].scalar_type(), job.latents.scalar_type());
+    EXPECT_EQ(checked[0].count_nonzero().item<int64_t>(), 0);
+    EXPECT_TRUE(at::equal(job.latents, latents_before));
+    EXPECT_EQ(scheduler.timesteps(), timesteps_before);
+    // A microbatch larger than the batch warms the batch's rows.
+    job.microbatch_size = 8;
+    checked.clear();
+    warm_up_loop_kernels(job, callbacks);
+    ASSERT_EQ(checked.size(), 1u);
+    EXPECT_EQ(checked[0].size(0), 3);
+  }
+}
+
 }  // namespace
 }  // namespace dp::pipeline

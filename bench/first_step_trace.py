@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Where a run's first denoising step spends the time its later steps do not: reads an Nsight Systems export
+(`nsys profile -t cuda,nvtx ... --export sqlite`) of one `diffpipe generate` and compares the loop's first steps.
+
+A step's window runs from the start of its compute range (the NVTX range "blocks [a,b) mb M step S" that
+runtime/ring.cpp opens) to the start of the next step's; the first step's starts with the "denoising" range,
+so that it holds what the loop does before its first forward. For each window: the host's time, the kernels
+launched on the GPU in it (count, summed time, busy time, idle time), the copies, and the CUDA API calls made
+on the host; then what step 1 has that step 2 has not, kernel by kernel name and API call by name.
+
+    python3 bench/first_step_trace.py run.sqlite [--steps 4] [--json out.json]
+"""
+import argparse
+import collections
+import json
+import re
+import sqlite3
+import sys
+
+STEP_RANGE = re.compile(r"^blocks \[\d+,\d+\) mb (\d+) step (\d+)$")
+
+
+def tables(db):
+    return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def strings(db):
+    return dict(db.execute("SELECT id, value FROM StringIds"))
+
+
+def nvtx_ranges(db, names):
+    """(text, start, end) of every push/pop or start/end range, in start order."""
+    rows = db.execute("SELECT text, textId, start, end FROM NVTX_EVENTS WHERE end IS NOT NULL ORDER BY start")
+    return [(text if text is not None else names.get(text_id, ""), start, end) for text, text_id, start, end in rows]
+
+
+def step_windows(ranges, steps):
+    """[(label, start, end)] for steps 1..steps (ns), from the NVTX ranges; exits with a reason if absent."""
+    starts = {}
+    for text, start, _ in ranges:
+        match = STEP_RANGE.match(text)
+        if match and match.group(1) == "0":
+            starts.setdefault(int(match.group(2)), start)
+    loop = [start for text, start, _ in ranges if text == "denoising"]
+    if not loop or 1 not in starts:
+        sys.exit("first_step_trace: no 'denoising' range or no step ranges in the export (a build without NVTX?)")
+    bounds = [loop[0]] + [starts[s] for s in range(2, steps + 2) if s in starts]
+    return [(f"step {i + 1}", bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def busy_time(intervals):
+    """Time covered by the union of (start, end) intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def window_figures(db, names, have, start, end):
+    kernels = db.execute(
+        "SELECT shortName, start, end, streamId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start >= ? AND start < ?",
+        (start, end)).fetchall()
+    by_stream = collections.Counter(stream for *_, stream in kernels)
+    main_stream = by_stream.most_common(1)[0][0] if kernels else None
+    on_main = [(s, e) for _, s, e, stream in kernels if stream == main_stream]
+    per_kernel = collections.defaultdict(lambda: [0, 0])
+    for name_id, s, e, _ in kernels:
+        entry = per_kernel[names.get(name_id, str(name_id))]
+        entry[0] += 1
+        entry[1] += e - s
+    copies = []
+    for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        if table in have:
+            copies += db.execute(f"SELECT start, end FROM {table} WHERE start >= ? AND start < ?",
+                                 (start, end)).fetchall()
+    per_call = collections.defaultdict(lambda: [0, 0])
+    for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER"):
+        if table not in have:
+            continue
+        for name_id, s, e in db.execute(f"SELECT nameId, start, end FROM {table} WHERE start >= ? AND start < ?",
+                                        (start, end)):
+            entry = per_call[names.get(name_id, str(name_id))]
+            entry[0] += 1
+            entry[1] += e - s
+    first = min((s for s, _ in on_main), default=start)
+    last = max((e for _, e in on_main), default=start)
+    return {
+        "host_ms": (end - start) / 1e6,
+        "kernels": len(kernels),
+        "streams": {str(k): v for k, v in by_stream.items()},
+        "kernel_ms": sum(e - s for _, s, e, _ in kernels) / 1e6,
+        "main_stream_busy_ms": busy_time(on_main) / 1e6,
+        "main_stream_span_ms": (last - first) / 1e6,
+        "main_stream_idle_ms": (last - first - busy_time(on_main)) / 1e6,
+        "before_first_kernel_ms": (first - start) / 1e6,
+        "copies": len(copies),
+        "copy_ms": sum(e - s for s, e in copies) / 1e6,
+        "per_kernel": {k: {"count": c, "ms": t / 1e6} for k, (c, t) in per_kernel.items()},
+        "per_call": {k: {"count": c, "ms": t / 1e6} for k, (c, t) in per_call.items()},
+    }
+
+
+def differences(first, second, key, top):
+    names = set(first[key]) | set(second[key])
+    rows = []
+    for name in names:
+        a = first[key].get(name, {"count": 0, "ms": 0.0})
+        b = second[key].get(name, {"count": 0, "ms": 0.0})
+        rows.append((a["ms"] - b["ms"], name, a, b))
+    rows.sort(key=lambda r: -abs(r[0]))
+    return rows[:top]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sqlite")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    db = sqlite3.connect(args.sqlite)
+    have = tables(db)
+    if "CUPTI_ACTIVITY_KIND_KERNEL" not in have or "NVTX_EVENTS" not in have:
+        sys.exit(f"first_step_trace: {args.sqlite} has no kernel or NVTX table (traced with -t cuda,nvtx?)")
+    names = strings(db)
+    windows = step_windows(nvtx_ranges(db, names), args.steps)
+    figures = {label: window_figures(db, names, have, start, end) for label, start, end in windows}
+    print(f"{'window':8} {'host ms':>8} {'kernels':>8} {'kernel ms':>10} {'busy ms':>8} {'idle ms':>8} "
+          f"{'lead ms':>8} {'copies':>7} streams")
+    for label, f in figures.items():
+        print(f"{label:8} {f['host_ms']:8.2f} {f['kernels']:8d} {f['kernel_ms']:10.2f} {f['main_stream_busy_ms']:8.2f} "
+              f"{f['main_stream_idle_ms']:8.2f} {f['before_first_kernel_ms']:8.2f} {f['copies']:7d} {f['streams']}")
+    if len(figures) >= 2:
+        first, second = figures["step 1"], figures["step 2"]
+        print("\nkernels, step 1 against step 2 (largest differences):")
+        for diff, name, a, b in differences(first, second, "per_kernel", args.top):
+            print(f"  {diff:+8.3f} ms  {a['count']:4d} vs {b['count']:4d} launches  {name[:110]}")
+        print("\nCUDA API calls on the host, step 1 against step 2 (largest differences):")
+        for diff, name, a, b in differences(first, second, "per_call", args.top):
+            print(f"  {diff:+8.3f} ms  {a['count']:5d} vs {b['count']:5d} calls  {name[:110]}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
