@@ -86,8 +86,9 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
                "bf16 image on random weights; measure on yours). Blocks offloaded by the device map stay bf16. "
                "Also DIFFPIPE_FP8_GEMMS=1");
   cmd.add_flag("--no-warm-up", o.no_warm_up,
-               "skip running one transformer block of each kind on zeros after loading (it readies the kernels and "
-               "cuBLAS handles, so that the first denoising step costs what later ones do)");
+               "skip running one transformer block of each kind, and the loop's own kernels (timestep rows, Euler "
+               "step, finite check), on zeros while or after loading (they ready the kernels and cuBLAS handles, so "
+               "that the first denoising step costs what later ones do)");
   cmd.add_option("--pipeline-device-map", o.runtime.pipeline_device_map,
                  "which ranks run CLIP, T5 and the VAE: only \"balanced\", diffusers' pipeline-level map, placed with "
                  "--max-memory as `plan --pipeline-device-map balanced --components text_encoder,text_encoder_2,vae` "
