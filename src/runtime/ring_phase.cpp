@@ -45,15 +45,16 @@ io::Checkpoint checkpoint_base(const RunContext& run, const pipeline::DenoiseSch
   return base;
 }
 
-// The loop's own kernels (pipeline::warm_up_loop_kernels) loaded on a thread while this one loads the blocks:
-// CUDA runs without --no-warm-up. The thread's device is the run's; it holds references to `job` and
-// `callbacks`, so finish_loop_warm_up must be called before they go.
+// The loop's own kernels (pipeline::warm_up_loop_kernels) loaded on a thread while this one loads the blocks,
+// unless --no-warm-up. Meant for CUDA; on the CPU it costs a few small ops and runs so that the tests go through
+// the same thread and joins. The thread's device is the run's; it holds references to `job` and `callbacks`, so
+// finish_loop_warm_up must be called before they go.
 std::future<void> warm_up_loop_kernels_beside(const RunContext& run, const pipeline::DenoiseJob& job,
                                               const pipeline::LoopCallbacks& callbacks) {
-  if (!run.options.warm_up || !run.device.is_cuda()) return {};
+  if (!run.options.warm_up) return {};
   return std::async(std::launch::async, [&run, &job, &callbacks] {
     c10::OptionalDeviceGuard device_guard;
-    device_guard.reset_device(run.device);
+    if (run.device.is_cuda()) device_guard.reset_device(run.device);
     const auto started = std::chrono::steady_clock::now();
     pipeline::warm_up_loop_kernels(job, callbacks);
     DP_INFO("rank 0: warmed up the loop's kernels (timestep rows, Euler step, finite check) beside the blocks' load "

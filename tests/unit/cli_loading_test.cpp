@@ -51,6 +51,7 @@ TEST(GenerateLoading, OverlapAndWarmUpLeaveTheLatentsBitIdentical) {
   EXPECT_TRUE(contains(overlapped.result.output, "load overlap on: --load-overlap on")) << overlapped.result.output;
   EXPECT_TRUE(contains(overlapped.result.output, "of blocks load while the text encoders")) << overlapped.result.output;
   EXPECT_TRUE(contains(overlapped.result.output, "warmed up one block of each kind")) << overlapped.result.output;
+  EXPECT_TRUE(contains(overlapped.result.output, "warmed up the loop's kernels")) << overlapped.result.output;
   EXPECT_TRUE(same_bits(staged.latents, overlapped.latents)) << "overlap and warm-up changed the latents";
   // The blocks' load waits for the encoders' weights rather than compete with T5's.
   const auto t5_loaded = overlapped.result.output.find("load " + pipe + "/text_encoder_2:");
@@ -63,6 +64,7 @@ TEST(GenerateLoading, OverlapAndWarmUpLeaveTheLatentsBitIdentical) {
   const GenerateRun automatic = generate(pipe, "loading-auto", "");
   ASSERT_EQ(automatic.result.exit_code, 0) << automatic.result.output;
   EXPECT_TRUE(contains(automatic.result.output, "load overlap off: on the CPU")) << automatic.result.output;
+  EXPECT_TRUE(contains(automatic.result.output, "warmed up the loop's kernels")) << automatic.result.output;
   EXPECT_TRUE(same_bits(staged.latents, automatic.latents));
 }
 
