@@ -219,7 +219,7 @@ void warm_up_loop_kernels(const DenoiseJob& job, const LoopCallbacks& callbacks)
   DP_CHECK(job.scheduler != nullptr && job.scheduler->num_inference_steps() > 0, "the scheduler has no timesteps");
   const int64_t rows = std::min(job.microbatch_size, job.latents.size(0));
   const at::Tensor latents = at::zeros({rows, job.latents.size(1), job.latents.size(2)}, job.latents.options());
-  const std::vector<at::Tensor> inputs = transformer_inputs(job, latents, 0, 0);
+  (void)transformer_inputs(job, latents, 0, 0);  // for the kernels that make the rows, not for the rows
   at::Tensor noise_pred = at::zeros_like(latents);
   if (job.true_cfg_scale > 1) noise_pred = true_cfg_noise(noise_pred, at::zeros_like(latents), job.true_cfg_scale);
   const at::Tensor stepped = job.scheduler->step(noise_pred, 0, latents);

@@ -124,8 +124,9 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
 // The loop's own kernels outside the transformer, run once on zeros of one microbatch's shape through the loop's
 // code: the timestep and guidance rows, true CFG's combination, the scheduler's Euler step and callbacks.check_step.
 // CUDA loads each kernel on its first launch (lazy module loading, its default); left to the loop they made step 1
-// 1.08-1.13x a later step (bench/RESULTS.md, 2026-12-06, session 11). A few milliseconds of host time on any
-// thread, so that the caller can run it beside the blocks' load. Touches neither the job nor the scheduler.
+// 1.08-1.13x a later step (bench/RESULTS.md, 2026-12-06, session 11). Mostly the driver's host time (58-108 ms
+// beside an H100's block load), on any thread, so that the caller can run it beside that load. Touches neither the
+// job nor the scheduler.
 void warm_up_loop_kernels(const DenoiseJob& job, const LoopCallbacks& callbacks);
 
 }  // namespace dp::pipeline
