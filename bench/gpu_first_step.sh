@@ -4,8 +4,9 @@
 # FLUX.1-dev pipeline folder, then runs `diffpipe generate` at 1024x1024, 28 steps (discarding a small first run):
 #   1. each VARIANTS entry (default: FP8 GEMMs, bf16, FP8 with every kernel module loaded at start), printing the
 #      first steps' wall times against the median step;
-#   2. when Nsight Systems is on the machine, each TRACE entry (default: the FP8 run) under `nsys profile`,
-#      and bench/first_step_trace.py on its export: kernels, idle time and CUDA API calls of steps 1 to 4.
+#   2. each TRACE entry (default: the FP8 run) under `nsys profile` when Nsight Systems is on the machine, else
+#      with `--torch-profile` (LibTorch's profiler), and bench/first_step_trace.py on what it recorded: kernels,
+#      idle time and CUDA API calls of steps 1 to 4.
 # Figures only; nothing passes or fails on them. $OUT gets summary-first-step.txt and the traces' JSON figures.
 #   VARIANTS="name|ENV=1|--flag;..." TRACE="name|ENV|--flag;..." BUDGET_S=480 bash bench/gpu_first_step.sh
 set -uo pipefail
@@ -75,23 +76,32 @@ for entry in "${variants[@]}"; do
   grep -h "warmed up\|VAE loaded" "$work/$name.log" 2>/dev/null | sed "s/^\[[^]]*\] \[[a-z]*\] /$name: /" | cut -c1-200
 done
 
+# Each TRACE entry under Nsight Systems where the machine has it, else with --torch-profile (LibTorch's profiler:
+# the kernels, copies and CUDA calls of the first steps); bench/first_step_trace.py compares the steps either way.
 nsys_bin=$(command -v nsys)
 for candidate in /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys; do
   [ -n "$nsys_bin" ] || [ ! -x "$candidate" ] || nsys_bin=$candidate
 done
-if [ -z "$nsys_bin" ]; then
-  echo "no Nsight Systems (nsys) on this machine: no trace"
-  exit 0
+if [ -n "$nsys_bin" ]; then
+  "$nsys_bin" --version
+else
+  echo "no Nsight Systems (nsys) here: --torch-profile instead"
 fi
-"$nsys_bin" --version
 IFS=';' read -ra traces <<< "${TRACE:-fp8||--fp8-gemms}"
 for entry in "${traces[@]}"; do
   IFS='|' read -r name env flags <<< "$entry"
   [ "$(left)" -ge 60 ] || { elapsed "skipped the trace of $name: $(left) s left"; continue; }
-  run "trace-$name" "$env" "$flags" "$nsys_bin" profile -t cuda,nvtx --sample=none --cpuctxsw=none \
-    --cuda-memory-usage=false --force-overwrite=true -o "$work/trace-$name" --export=sqlite \
-    || { echo "nsys run of $name failed:"; tail -8 "$work/trace-$name.log"; continue; }
+  if [ -n "$nsys_bin" ]; then
+    run "trace-$name" "$env" "$flags" "$nsys_bin" profile -t cuda,nvtx --sample=none --cpuctxsw=none \
+      --cuda-memory-usage=false --force-overwrite=true -o "$work/trace-$name" --export=sqlite \
+      || { echo "nsys run of $name failed:"; tail -8 "$work/trace-$name.log"; continue; }
+    recorded="$work/trace-$name.sqlite"
+  else
+    run "trace-$name" "$env" "$flags --torch-profile $work/profile-$name.json --torch-profile-steps 5" \
+      || { echo "--torch-profile run of $name failed:"; tail -8 "$work/trace-$name.log"; continue; }
+    recorded="$work/profile-$name.json"
+  fi
   steps_line "trace-$name" "$work/trace-$name.json"
-  python3 "$here/bench/first_step_trace.py" "$work/trace-$name.sqlite" --json "$out/first-step-$name.json"
+  python3 "$here/bench/first_step_trace.py" "$recorded" --json "$out/first-step-$name.json"
   elapsed "traced $name"
 done

@@ -181,6 +181,7 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
     GeneratePaths paths;
     paths.outputs = out_paths;
     paths.report_json = o.report_json;
+    paths.torch_profile = o.runtime.torch_profile_path;
     paths.report = o.runtime.report_path;
     paths.checkpoint_dir = checkpoints.dir;
     paths.run_id = checkpoints.run_id;

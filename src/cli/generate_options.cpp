@@ -128,7 +128,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
                  "auto (nccl when the device is cuda, this build has NCCL and there are several ranks; else mpi). "
                  "Control messages always go over MPI; every rank must choose the same")
       ->capture_default_str();
-  add_trace_option(cmd, o.runtime);
+  add_trace_options(cmd, o.runtime);
   cmd.add_option("--report", o.runtime.report_path,
                  "each rank writes its figures as JSON (rank, transport, blocks, load time, peak memory, bytes to "
                  "and from its neighbours, compute/receive/send/idle seconds in total and per step; on cuda compute "

@@ -30,6 +30,7 @@ void check_generate_paths(const GeneratePaths& p) {
     for (const auto& path : p.outputs)
       check_output_option(p.outputs.size() > 1 ? "--out (image file " + path + ")" : "--out", path);
     if (!p.report_json.empty()) check_output_option("--report-json", p.report_json);
+    if (!p.torch_profile.empty()) check_output_option("--torch-profile", p.torch_profile);
     if (!p.embeddings_cache.empty()) {
       check_output_option("--embeddings-cache", p.embeddings_cache);
       io::check_embeddings_cache_target(p.embeddings_cache);
@@ -44,6 +45,7 @@ void check_generate_paths(const GeneratePaths& p) {
   std::vector<RunPath> uses;
   for (const auto& path : p.outputs) uses.push_back({"--out", path, Use::output});
   uses.push_back({"--report-json", p.report_json, Use::output});
+  uses.push_back({"--torch-profile", p.torch_profile, Use::output});
   if (!p.report.empty())
     for (int r = 0; r < p.world_size; ++r)
       uses.push_back({p.world_size > 1 ? "--report (rank " + std::to_string(r) + ")" : "--report",

@@ -12,6 +12,7 @@ namespace dp::cli {
 struct GeneratePaths {
   std::vector<std::string> outputs;  // images or latents: --out, or the PATH-i.png derived from it
   std::string report_json;           // --report-json (rank 0)
+  std::string torch_profile;         // --torch-profile (rank 0)
   std::string report;                // --report as given: rank r of N writes rank_file_path(report, r, N)
   std::string checkpoint_dir;        // --checkpoint-dir (rank 0 writes into it)
   std::string run_id;                // the run its checkpoints belong to

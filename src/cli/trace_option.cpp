@@ -2,7 +2,7 @@
 
 namespace dp::cli {
 
-void add_trace_option(CLI::App& generate, runtime::RuntimeOptions& options) {
+void add_trace_options(CLI::App& generate, runtime::RuntimeOptions& options) {
   generate.add_option("--trace", options.trace_path,
                       "write a timeline of the run as Chrome trace-event JSON (open it in https://ui.perfetto.dev or "
                       "chrome://tracing): one process per rank, one track per stream (host: load, encode, decode, "
@@ -10,6 +10,14 @@ void add_trace_option(CLI::App& generate, runtime::RuntimeOptions& options) {
                       "send; receive; checkpoint writer), every rank's clock aligned to rank 0's and merged by rank 0 "
                       "into this one file at the end of the run. CUDA builds also mark the same names as NVTX ranges "
                       "for Nsight Systems");
+  generate.add_option("--torch-profile", options.torch_profile_path,
+                      "write rank 0's first --torch-profile-steps denoising steps as recorded by LibTorch's own "
+                      "profiler (Kineto), as Chrome trace-event JSON: the loop thread's ATen ops and compute spans "
+                      "and, on CUDA, every kernel, copy and CUDA runtime call of the process with its stream. For "
+                      "machines without Nsight Systems; bench/first_step_trace.py compares step 1 with step 2 in it");
+  generate.add_option("--torch-profile-steps", options.torch_profile_steps,
+                      "how many whole denoising steps --torch-profile records, from the first")
+      ->check(CLI::Range(1, 1000000));
 }
 
 }  // namespace dp::cli

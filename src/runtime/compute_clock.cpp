@@ -6,6 +6,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <ATen/record_function.h>
+
+#include <memory>
 #include <thread>
 
 #include "core/error.h"
@@ -23,6 +26,8 @@ struct ComputeClock::Span {
   std::string name;
   int64_t host_start_us = 0;
   double host_seconds = 0;  // the CPU's span, known at end()
+  // The same name as a user scope of LibTorch's profiler while --torch-profile records; null otherwise.
+  std::unique_ptr<at::RecordFunction> annotation;
 #ifdef DIFFPIPE_HAVE_CUDA
   cudaEvent_t start = nullptr, stop = nullptr;
   ~Span() {
@@ -39,6 +44,11 @@ void ComputeClock::begin(const std::string& name) {
   open_ = std::make_unique<Span>();
   open_->name = name;
   trace::nvtx_push(name);
+  auto annotation = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (annotation->isActive()) {
+    annotation->before(name);
+    open_->annotation = std::move(annotation);
+  }
   host_started_ = std::chrono::steady_clock::now();
   open_->host_start_us = trace::now_us();
 #ifdef DIFFPIPE_HAVE_CUDA
@@ -72,6 +82,7 @@ void ComputeClock::end(int step) {
   open_->step = step;
   open_->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - host_started_).count();
   trace::nvtx_pop();
+  open_->annotation.reset();  // ends the profiler's scope
 #ifdef DIFFPIPE_HAVE_CUDA
   if (on_device()) {
     c10::cuda::CUDAGuard guard(device_);

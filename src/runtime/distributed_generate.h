@@ -48,6 +48,9 @@ struct RuntimeOptions {
   bool fp8_gemms = false;
   // --trace: rank 0 writes every rank's timeline here as Chrome trace-event JSON (runtime/trace_file.h).
   std::string trace_path;
+  // --torch-profile: rank 0's first torch_profile_steps steps through LibTorch's profiler (runtime/torch_profile.h).
+  std::string torch_profile_path;
+  int torch_profile_steps = 3;
   CheckpointOptions checkpoints;
 };
 

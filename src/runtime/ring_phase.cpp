@@ -22,6 +22,7 @@
 #include "pipeline/phase_guard.h"
 #include "pipeline/stage_timer.h"
 #include "runtime/checkpointing.h"
+#include "runtime/torch_profile.h"
 #include "runtime/world.h"
 
 namespace dp::runtime {
@@ -127,20 +128,26 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
       images.hand_over(first_row / options.microbatch_size, done);
     };
   }
-  if (run.outputs.on_step) {
+  StepProfile profile(options.torch_profile_path, options.torch_profile_steps, device);
+  if (run.outputs.on_step || profile.active()) {
     callbacks.on_step = [&](const pipeline::LoopProgress& p) {
-      // The step's latents come from the compute stream: waiting for that stream alone keeps the progress
-      // line honest without waiting for transfers in flight on the transport's streams (a device-wide sync
-      // would also wait for receives pre-posted for later steps).
+      if (run.outputs.on_step) {
+        // The step's latents come from the compute stream: waiting for that stream alone keeps the progress
+        // line honest without waiting for transfers in flight on the transport's streams (a device-wide sync
+        // would also wait for receives pre-posted for later steps).
 #ifdef DIFFPIPE_HAVE_CUDA
-      if (device.is_cuda()) at::cuda::getCurrentCUDAStream(device.index()).synchronize();
+        if (device.is_cuda()) at::cuda::getCurrentCUDAStream(device.index()).synchronize();
 #endif
-      run.outputs.on_step(p);
+        run.outputs.on_step(p);
+      }
+      profile.after_step(p.step);
     };
   }
   const auto began = std::chrono::steady_clock::now();
+  profile.start();
   result.final_latents =
       pipeline::run_phase(0, "denoising", [&] { return pipeline::run_denoise_loop(job, executor, callbacks); });
+  profile.finish();
   log_offload(run, loaded.stage.get());
   checkpointer.finish();  // the last checkpoint on disk (or its failure) before the ranks stop
   executor.shutdown();

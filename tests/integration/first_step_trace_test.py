@@ -1,7 +1,8 @@
-"""bench/first_step_trace.py on a small SQLite file laid out as Nsight Systems exports one: the step windows come
-from the NVTX ranges (step 1's from the "denoising" range), kernels are counted in the window they start in, the
-main stream's idle time is the gap between its kernels, and what step 1 has more of (a long API call, an extra
-kernel) leads the differences. No GPU and no nsys needed; exits non-zero on the first wrong figure."""
+"""bench/first_step_trace.py on a small SQLite file laid out as Nsight Systems exports one, and on the same run as
+LibTorch's profiler writes it: the step windows come from the NVTX ranges or annotations (step 1's from the
+"denoising" range or the profile's start), kernels are counted in the window they start in, the main stream's idle
+time is the gap between its kernels, and what step 1 has more of (a long API call, an extra kernel) leads the
+differences. No GPU and no nsys needed; exits non-zero on the first wrong figure."""
 import json
 import pathlib
 import sqlite3
@@ -49,6 +50,24 @@ def write_export(path: pathlib.Path):
     db.close()
 
 
+def write_kineto(path: pathlib.Path):
+    """The same run as LibTorch's profiler writes it (`generate --torch-profile`): microseconds, categories, the
+    stream in args, no "denoising" range (the profile itself starts the loop's window)."""
+    def span(cat, name, start_ms, end_ms, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": start_ms * 1000.0, "dur": (end_ms - start_ms) * 1000.0,
+                "pid": 0, "tid": 0, "args": args}
+    events = [span("cpu_op", "aten::zeros", 0, 1)]
+    events += [span("user_annotation", f"blocks [0,57) mb 0 step {s}", start, start + 90)
+               for s, start in ((1, 5), (2, 110), (3, 210))]
+    kernels = [(6, 50, 7, "gemm"), (60, 100, 7, "gemm"), (101, 102, 7, "euler_step"), (111, 155, 7, "gemm"),
+               (155, 200, 7, "gemm"), (201, 202, 7, "euler_step"), (211, 250, 7, "gemm")]
+    events += [span("kernel", name, s, e, stream=stream) for s, e, stream, name in kernels]
+    events += [span("cuda_runtime", "cudaLaunchKernel", s, s + 1) for s in (5, 59, 100, 110, 150, 200)]
+    events += [span("cuda_driver", "cuLibraryLoadData", 49, 59), span("gpu_memcpy", "Memcpy HtoD", 2, 4)]
+    events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "diffpipe"}})
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
 def check(condition, what, output):
     if not condition:
         print(f"FAIL: {what}\n{output}")
@@ -78,6 +97,20 @@ def main():
         check("cuLibraryLoadData" in calls[1], "the module load leads step 1's API differences", output)
         kernels = output.split("kernels, step 1 against step 2")[1].splitlines()
         check("gemm" in kernels[1], "the GEMM time leads the kernel differences", output)
+        # The same run from LibTorch's profiler: the same windows and figures.
+        profile, profile_figures = pathlib.Path(tmp) / "profile.json", pathlib.Path(tmp) / "profile-figures.json"
+        write_kineto(profile)
+        done = subprocess.run([sys.executable, str(ROOT / "bench/first_step_trace.py"), str(profile), "--steps", "2",
+                               "--json", str(profile_figures)], capture_output=True, text=True, timeout=60)
+        check(done.returncode == 0, f"the profile: exit {done.returncode}", done.stdout + done.stderr)
+        from_profile = json.loads(profile_figures.read_text())
+        for key in ("host_ms", "kernels", "main_stream_idle_ms", "before_first_kernel_ms", "copies"):
+            for step in ("step 1", "step 2"):
+                check(abs(from_profile[step][key] - figures[step][key]) < 1e-6,
+                      f"the profile's {step} {key} {from_profile[step][key]} against {figures[step][key]}",
+                      done.stdout)
+        check(from_profile["step 1"]["per_call"]["cuLibraryLoadData"]["count"] == 1,
+              "the profile's module load is among step 1's calls", done.stdout)
         # No step ranges: a clear refusal, not a traceback.
         db = sqlite3.connect(export)
         db.execute("DELETE FROM NVTX_EVENTS")

@@ -13,12 +13,20 @@ Cases:
                  durations, a pid track and a process_name per rank, complete events nested per track, the
                  expected names per rank, compute spans matching --report; the measured clock offsets recover
                  the skews and every message is received after it began to be sent.
+  torch-profile  generate --torch-profile on N ranks: rank 0 writes LibTorch's profile of the first
+                 --torch-profile-steps steps (its ATen ops and its compute spans, those steps only), or of the whole
+                 loop when it is shorter; bench/first_step_trace.py reads it; the latents are bit-identical to a run
+                 without it; a path in a missing folder is refused before anything loads.
 
 Needs DIFFPIPE_BINARY (the built diffpipe); PIL from the pinned venv when present."""
 import json
 import os
+import pathlib
+import re
 import shutil
 import struct
+import subprocess
+import sys
 import zlib
 
 from mpi_case import fail, mpirun, run, run_case
@@ -363,7 +371,58 @@ def case_trace(binary, model, tmp, ranks):
         print(f"copied the trace to {picture}")
 
 
-CASES = {"png-text": case_png_text, "report": case_report, "trace": case_trace}
+def case_torch_profile(binary, model, tmp, ranks):
+    import h5py  # the pinned venv's, as the other latents checks use
+    import numpy as np
+
+    def latents(path):
+        with h5py.File(path, "r") as f:
+            return np.asarray(f["latents"])
+
+    # One microbatch of both images: its whole steps end one at a time, so the profile stops between two.
+    def generate(name, extra):
+        out = tmp / f"{name}.h5"
+        extra = list(extra) + ["--output-type", "latent", "--microbatch-size", "2"]
+        code, output, _ = run(mpirun(ranks) + [binary] + generate_args(model, out, extra))
+        return code, output, out
+
+    code, output, plain = generate("plain", [])
+    if code != 0:
+        fail(f"{ranks} ranks without --torch-profile exited {code}:\n{output}")
+    step_name = re.compile(r"^blocks \[(\d+),(\d+)\) mb (\d+) step (\d+)$")
+    for asked, recorded in ((2, {1, 2}), (10, {1, 2, 3})):
+        profile = tmp / f"profile-{asked}.json"
+        code, output, out = generate(f"profiled-{asked}", ["--torch-profile", str(profile),
+                                                          "--torch-profile-steps", str(asked)])
+        if code != 0:
+            fail(f"{ranks} ranks with --torch-profile exited {code}:\n{output}")
+        if not np.array_equal(latents(out), latents(plain)):
+            fail("--torch-profile changed the latents")
+        if f"wrote --torch-profile {profile}" not in output:
+            fail(f"no line says the profile was written:\n{output}")
+        events = json.loads(profile.read_text())["traceEvents"]
+        spans = [e for e in events if e.get("cat") == "user_annotation"]
+        steps = {int(step_name.match(e["name"]).group(4)) for e in spans if step_name.match(e["name"])}
+        if steps != recorded:
+            fail(f"{profile}: compute spans of steps {sorted(steps)}, expected {sorted(recorded)}")
+        if not any(e.get("cat") == "cpu_op" and e.get("name", "").startswith("aten::") for e in events):
+            fail(f"{profile}: no ATen op recorded")
+        read = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve().parents[2] /
+                                                   "bench/first_step_trace.py"), str(profile), "--steps", "1"],
+                              capture_output=True, text=True, timeout=120)
+        if read.returncode != 0 or "step 1" not in read.stdout:
+            fail(f"bench/first_step_trace.py on {profile} exited {read.returncode}:\n{read.stdout}{read.stderr}")
+        print(f"--torch-profile-steps {asked}: steps {sorted(steps)} of rank 0 recorded, {len(events)} events, "
+              f"latents bit-identical")
+    missing = tmp / "no-such-folder" / "profile.json"
+    code, output, _ = generate("refused", ["--torch-profile", str(missing)])
+    if code == 0 or "--torch-profile" not in output or "does not exist" not in output:
+        fail(f"--torch-profile into a missing folder exited {code}, expected a refusal naming the option:\n{output}")
+    if "load " in output:
+        fail(f"--torch-profile into a missing folder was refused only after loading:\n{output}")
+
+
+CASES = {"png-text": case_png_text, "report": case_report, "trace": case_trace, "torch-profile": case_torch_profile}
 
 
 if __name__ == "__main__":
