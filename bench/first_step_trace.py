@@ -9,7 +9,9 @@ profiler annotation that runtime/compute_clock.cpp opens) to the start of the ne
 starts with the "denoising" NVTX range, or with the profile (which starts just before the loop), so that it
 holds what the loop does before its first forward. For each window: the host's time, the kernels launched on
 the GPU in it (count, summed time, busy and idle time of the busiest stream), the copies, and the CUDA API calls
-made on the host; then what step 1 has that step 2 has not, kernel by kernel name and API call by name.
+made on the host; then what step 1 has that step 2 has not, kernel by kernel name and API call by name; then the
+last window's kernel time by family (GEMM, attention, diffpipe's fused kernels, ...), which is the in-loop
+breakdown of a steady step that Nsight Compute's replays of single kernels at idle clocks cannot give.
 
     python3 bench/first_step_trace.py run.sqlite|profile.json [--steps 4] [--json out.json]
 """
@@ -22,6 +24,20 @@ import sqlite3
 import sys
 
 STEP_RANGE = re.compile(r"^blocks \[\d+,\d+\) mb (\d+) step (\d+)$")
+# Kernel families by name, first match wins: attention before GEMM, since cuDNN's attention kernels carry sm90 too.
+FAMILIES = [
+    ("attention", re.compile(r"sdpa|flash|fmha|attention|attn", re.I)),
+    ("GEMM", re.compile(r"nvjet|gemm|cutlass|xmma|cublas|_scaled_mm", re.I)),
+    ("FP8 quantiser (diffpipe)", re.compile(r"quantize_rows")),
+    ("fused (diffpipe)", re.compile(r"qk_norm_rope|layer_norm_modulate|add_gated|gelu_tanh")),
+    ("copies, cat", re.compile(r"copy|CatArray|cat_", re.I)),
+    ("reductions, norms", re.compile(r"reduce|norm", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled", re.I)),
+]
+
+
+def kernel_family(name):
+    return next((family for family, pattern in FAMILIES if pattern.search(name)), "other")
 
 
 class Trace:
@@ -144,6 +160,16 @@ def window_figures(trace, start, end):
     }
 
 
+def families(window):
+    """{family: {"count", "ms"}} of a window's per-kernel figures, largest first."""
+    totals = collections.defaultdict(lambda: {"count": 0, "ms": 0.0})
+    for name, figures in window["per_kernel"].items():
+        family = totals[kernel_family(name)]
+        family["count"] += figures["count"]
+        family["ms"] += figures["ms"]
+    return dict(sorted(totals.items(), key=lambda item: -item[1]["ms"]))
+
+
 def differences(first, second, key, top):
     names = set(first[key]) | set(second[key])
     rows = []
@@ -178,6 +204,19 @@ def main():
         print("\nCUDA API calls on the host, step 1 against step 2 (largest differences):")
         for diff, name, a, b in differences(first, second, "per_call", args.top):
             print(f"  {diff:+8.3f} ms  {a['count']:5d} vs {b['count']:5d} calls  {name[:110]}")
+    if len(figures) >= 2:
+        label = list(figures)[-1]
+        last = figures[label]
+        last["families"] = families(last)
+        print(f"\nkernel time by family, {label} (a steady step; its window {last['host_ms']:.2f} ms, the main "
+              f"stream busy {last['main_stream_busy_ms']:.2f} ms, idle {last['main_stream_idle_ms']:.2f} ms):")
+        for family, f in last["families"].items():
+            share = f["ms"] / last["kernel_ms"] if last["kernel_ms"] else 0.0
+            print(f"  {family:26} {f['ms']:8.2f} ms  {share:6.1%}  {f['count']:5d} launches")
+        top = sorted(last["per_kernel"].items(), key=lambda item: -item[1]["ms"])[:args.top]
+        print(f"\nlongest kernels of {label}:")
+        for name, f in top:
+            print(f"  {f['ms']:8.3f} ms  {f['count']:4d} launches  {kernel_family(name):12.12}  {name[:90]}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=1)

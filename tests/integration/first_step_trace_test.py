@@ -1,8 +1,8 @@
 """bench/first_step_trace.py on a small SQLite file laid out as Nsight Systems exports one, and on the same run as
 LibTorch's profiler writes it: the step windows come from the NVTX ranges or annotations (step 1's from the
 "denoising" range or the profile's start), kernels are counted in the window they start in, the main stream's idle
-time is the gap between its kernels, and what step 1 has more of (a long API call, an extra kernel) leads the
-differences. No GPU and no nsys needed; exits non-zero on the first wrong figure."""
+time is the gap between its kernels, what step 1 has more of (a long API call, an extra kernel) leads the
+differences, and the last window's kernel time is summed by family. No GPU and no nsys needed; exits non-zero on the first wrong figure."""
 import json
 import pathlib
 import sqlite3
@@ -97,6 +97,12 @@ def main():
         check("cuLibraryLoadData" in calls[1], "the module load leads step 1's API differences", output)
         kernels = output.split("kernels, step 1 against step 2")[1].splitlines()
         check("gemm" in kernels[1], "the GEMM time leads the kernel differences", output)
+        # The last window's families: step 2's two GEMMs (44 + 45 ms) and the Euler step (1 ms) as "other".
+        family = two.get("families", {})
+        check(list(family) == ["GEMM", "other"] and family["GEMM"]["count"] == 2 and
+              abs(family["GEMM"]["ms"] - 89) < 1e-9 and abs(family["other"]["ms"] - 1) < 1e-9,
+              f"step 2's kernel families {family}", output)
+        check("kernel time by family, step 2" in output, "the family table is printed", output)
         # The same run from LibTorch's profiler: the same windows and figures.
         profile, profile_figures = pathlib.Path(tmp) / "profile.json", pathlib.Path(tmp) / "profile-figures.json"
         write_kineto(profile)
