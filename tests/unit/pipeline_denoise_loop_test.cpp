@@ -3,11 +3,16 @@
 // finishes microbatch by microbatch and holds only the window.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 #include "pipeline/denoise_loop.h"
+#include "pipeline/finite_check.h"
 
 namespace dp::pipeline {
 namespace {
@@ -23,7 +28,9 @@ class FakeRing : public StageExecutor {
     max_holding = std::max(max_holding, holding.size());
   }
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override {
-    queue_.push_back({microbatch, step, inputs[0] * 0.5 + 0.25});
+    events.push_back("submit " + std::to_string(microbatch) + " step " + std::to_string(step));
+    const bool poisoned = microbatch == nan_microbatch && step == nan_step;
+    queue_.push_back({microbatch, step, poisoned ? at::full_like(inputs[0], NAN) : inputs[0] * 0.5 + 0.25});
   }
   StepResult wait_result() override {
     EXPECT_FALSE(queue_.empty());
@@ -40,6 +47,8 @@ class FakeRing : public StageExecutor {
   std::vector<std::string> events;
   std::set<int64_t> holding;  // microbatches whose prompts the first stage keeps
   size_t max_holding = 0;
+  int64_t nan_microbatch = -1;  // this microbatch's prediction at nan_step is all NaN
+  int nan_step = -1;
 
  private:
   int depth_;
@@ -65,12 +74,21 @@ LoopRun run_loop(FakeRing& ring, int64_t batch, int64_t microbatch_size, int ste
   job.keep_final_latents = keep;
   LoopRun run;
   LoopCallbacks callbacks;
+  callbacks.check_step = [&](int64_t microbatch, int step, const at::Tensor& latents) {
+    const bool finite = all_finite(latents);
+    ring.events.push_back("check " + std::to_string(microbatch) + " step " + std::to_string(step) +
+                          (finite ? "" : " not finite"));
+    if (!finite) throw std::runtime_error("step " + std::to_string(step) + " not finite");
+  };
   callbacks.on_microbatch_done = [&](int64_t first_row, const at::Tensor& latents) {
     run.done_rows.push_back(first_row);
     run.done_latents.push_back(latents.clone());
     ring.events.push_back("done " + std::to_string(first_row));
   };
-  callbacks.on_step = [&](const LoopProgress& p) { run.progress.push_back(p.step); };
+  callbacks.on_step = [&](const LoopProgress& p) {
+    run.progress.push_back(p.step);
+    ring.events.push_back("progress " + std::to_string(p.step));
+  };
   run.result = run_denoise_loop(job, ring, callbacks);
   return run;
 }
@@ -90,6 +108,29 @@ TEST(DenoiseLoop, MicrobatchesFinishOneAfterAnotherInAWindowAsDeepAsTheRing) {
   // Progress counts whole-batch steps of work done, once each, up to the last.
   EXPECT_EQ(run.progress, (std::vector<int>{1, 2, 3, 4}));
   EXPECT_EQ(run.result.size(0), 6);
+}
+
+// Each step is checked before the next one is queued, reported, or its microbatch handed on; a step whose latents
+// hold NaN stops the loop there, named, with nothing after it queued, reported or handed on.
+TEST(DenoiseLoop, EachStepIsCheckedBeforeAnythingFollowsAndANonFiniteOneStopsTheLoop) {
+  FakeRing ring(1);
+  run_loop(ring, 2, 2, 3, true);
+  const std::vector<std::string> order{"prompts 0", "submit 0 step 0", "check 0 step 0", "progress 1",
+                                       "submit 0 step 1", "check 0 step 1", "progress 2", "submit 0 step 2",
+                                       "check 0 step 2", "release 0", "done 0", "progress 3"};
+  EXPECT_EQ(ring.events, order);
+  FakeRing poisoned(1);
+  poisoned.nan_microbatch = 0;
+  poisoned.nan_step = 1;
+  try {
+    run_loop(poisoned, 2, 2, 4, true);
+    ADD_FAILURE() << "a step with NaN latents went through";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "step 1 not finite");
+  }
+  const std::vector<std::string> stopped{"prompts 0", "submit 0 step 0", "check 0 step 0", "progress 1",
+                                         "submit 0 step 1", "check 0 step 1 not finite"};
+  EXPECT_EQ(poisoned.events, stopped);
 }
 
 TEST(DenoiseLoop, WithoutKeepingTheLatentsEachMicrobatchIsHandedOverAndNothingReturned) {
