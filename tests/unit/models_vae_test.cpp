@@ -1,14 +1,20 @@
 // AutoencoderKL against diffusers (tests/reference/cases_encoders.py): decode (and encode) of tiny random
-// VAEs saved with save_pretrained, FLUX-like and SD-like configs, fp32 and bf16; config parsing and errors.
+// VAEs saved with save_pretrained, FLUX-like and SD-like configs, fp32 and bf16; config parsing and errors; on
+// CUDA, the group norm kernel against ATen's.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/json_file.h"
 #include "encoders_oracle.h"
+#include "models/flux/flux_fused.h"
 #include "models/vae/vae.h"
+#include "models/vae/vae_blocks.h"
 #include "test_support.h"
 
 namespace dp::models {
@@ -137,6 +143,77 @@ TEST(AutoencoderKL, ErrorsNameTheFileAndTensor) {
     EXPECT_NE(std::string(e.what()).find("VAE folder not found"), std::string::npos);
   }
 }
+
+// ---- CUDA: the group norm kernel against ATen's group_norm (and silu) on the same GPU ----
+
+// Two ulps of the storage type at the output's scale, as for the FLUX kernels (models_fused_test.cpp): the
+// statistics are reduced in another order, so an fp32 rounding can flip a 16-bit one. In 16-bit types at most 2%
+// of the elements may differ at all.
+class GroupNormCuda : public ::testing::TestWithParam<at::ScalarType> {
+ protected:
+  void SetUp() override { DP_TEST_NEED_CUDA(); }
+  void TearDown() override { flux::set_fused_kernels_enabled(true); }
+
+  void expect_close(const at::Tensor& kernel_out, const at::Tensor& aten_out, const std::string& what) {
+    const at::Tensor got = kernel_out.to(at::kFloat).cpu(), expected = aten_out.to(at::kFloat).cpu();
+    const at::ScalarType dtype = GetParam();
+    const double ulp = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / (1 << 23);
+    const double scale = expected.abs().max().item<double>();
+    const double max_difference = (got - expected).abs().max().item<double>();
+    const double differing = ((got - expected).abs() > 0).to(at::kDouble).mean().item<double>();
+    std::cout << what << " " << dtype << ": max difference " << max_difference << " (scale " << scale << "), "
+              << differing * 100 << "% of elements differ\n";
+    EXPECT_LE(max_difference, 2 * ulp * scale) << what;
+    if (dtype != at::kFloat) {
+      EXPECT_LE(differing, 0.02) << what;
+    }
+  }
+};
+
+TEST_P(GroupNormCuda, MatchesAtenWithAndWithoutSilu) {
+  c10::InferenceMode guard;
+  const at::ScalarType dtype = GetParam();
+  struct Case {
+    std::vector<int64_t> shape;
+    int64_t groups;
+  };
+  // 16-byte packs (64x64, 16x16 with 16 channels a group), one-element packs (17x9), a 3-d (B, C, HW) input as the
+  // attention's norm takes it, and a group larger than one statistics block (32 channels of 128x128).
+  const std::vector<Case> cases{{{1, 128, 64, 64}, 32}, {{2, 96, 17, 9}, 32}, {{1, 512, 16, 16}, 32},
+                                {{3, 64, 40}, 8}, {{1, 64, 128, 128}, 2}};
+  uint64_t seed = 11;
+  for (const Case& c : cases) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed++);
+    const auto on_gpu = [&](const at::Tensor& t) { return t.to(at::kCUDA, dtype); };
+    // An offset mean and a spread: the statistics must not lose the variance to cancellation.
+    const at::Tensor x = on_gpu(at::randn(c.shape, generator) * 3 + 1.5);
+    const int64_t channels = c.shape[1];
+    GroupNorm norm{on_gpu(at::randn({channels}, generator) * 0.5 + 1), on_gpu(at::randn({channels}, generator) * 0.2),
+                   c.groups, 1e-6};
+    const at::Tensor reference = at::group_norm(x, c.groups, norm.weight, norm.bias, norm.eps);
+    std::string what = "group_norm " + std::to_string(channels) + " channels, " + std::to_string(c.groups) + " groups";
+    for (size_t d = 2; d < c.shape.size(); ++d) what += " x" + std::to_string(c.shape[d]);
+    expect_close(norm(x), reference, what);
+    expect_close(norm.with_silu(x), at::silu(reference), what + " + silu");
+  }
+}
+
+// A view that is not contiguous goes through ATen, and the kernels' switch turns them off.
+TEST_P(GroupNormCuda, OtherLayoutsAndTheSwitchTakeAten) {
+  c10::InferenceMode guard;
+  const at::ScalarType dtype = GetParam();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor x = at::randn({1, 64, 8, 8}, generator).to(at::kCUDA, dtype).transpose(2, 3);
+  GroupNorm norm{at::ones({64}).to(at::kCUDA, dtype), at::zeros({64}).to(at::kCUDA, dtype), 32, 1e-6};
+  EXPECT_TRUE(at::equal(norm(x), at::group_norm(x, 32, norm.weight, norm.bias, 1e-6)));
+  flux::set_fused_kernels_enabled(false);
+  const at::Tensor contiguous = x.contiguous();
+  EXPECT_TRUE(at::equal(norm.with_silu(contiguous),
+                        at::silu(at::group_norm(contiguous, 32, norm.weight, norm.bias, 1e-6))));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GroupNormCuda, ::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
 
 }  // namespace
 }  // namespace dp::models

@@ -1,10 +1,19 @@
 #include "models/vae/vae_blocks.h"
 
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/vae/cuda/group_norm_kernels.h"
+#endif
+
+#include <algorithm>
 #include <utility>
 
 #include "core/error.h"
 #include "models/activation_names.h"
 #include "models/attention.h"
+#include "models/flux/flux_fused.h"
 
 namespace dp::models {
 namespace {
@@ -44,7 +53,52 @@ GroupNorm GroupNorm::load(const ModuleWeights& w, const std::string& name, int64
   return {scope.get_shaped("weight", {channels}), scope.get_shaped("bias", {channels}), groups, eps};
 }
 
-at::Tensor GroupNorm::operator()(const at::Tensor& x) const { return at::group_norm(x, groups, weight, bias, eps); }
+namespace {
+
+// The kernels' GroupNorm(+SiLU) when they can run it, else an undefined tensor.
+at::Tensor group_norm_on_cuda(const GroupNorm& norm, const at::Tensor& x, bool silu) {
+#ifdef DIFFPIPE_HAVE_CUDA
+  const auto type = x.scalar_type();
+  if (!x.is_cuda() || !flux::fused_kernels_enabled() || x.dim() < 2 || !x.is_contiguous() ||
+      !(type == at::kFloat || type == at::kHalf || type == at::kBFloat16) || !norm.weight.defined() ||
+      !norm.bias.defined() || norm.groups <= 0 || x.size(1) % norm.groups != 0)
+    return {};
+  DP_CHECK(norm.weight.numel() == x.size(1) && norm.bias.numel() == x.size(1), "group norm of ", x.size(1),
+           " channels has ", norm.weight.numel(), " weights and ", norm.bias.numel(), " biases");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor weight = norm.weight.to(x.device(), type).contiguous();
+  const at::Tensor bias = norm.bias.to(x.device(), type).contiguous();
+  const vae::kernels::GroupNormShape shape{x.size(0), x.size(1), x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1)),
+                                           norm.groups};
+  const auto element = type == at::kFloat  ? vae::kernels::ElementType::F32
+                       : type == at::kHalf ? vae::kernels::ElementType::F16
+                                           : vae::kernels::ElementType::BF16;
+  at::Tensor workspace = at::empty({vae::kernels::group_norm_workspace_floats(element, shape)},
+                                   x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty_like(x);
+  vae::kernels::group_norm(element, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), shape,
+                           static_cast<float>(norm.eps), silu, workspace.data_ptr<float>(), out.data_ptr(),
+                           c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  const cudaError_t status = cudaGetLastError();
+  DP_CHECK(status == cudaSuccess, "CUDA kernel group_norm failed to launch: ", cudaGetErrorString(status));
+  return out;
+#else
+  (void)norm, (void)x, (void)silu;
+  return {};
+#endif
+}
+
+}  // namespace
+
+at::Tensor GroupNorm::operator()(const at::Tensor& x) const {
+  if (at::Tensor out = group_norm_on_cuda(*this, x, false); out.defined()) return out;
+  return at::group_norm(x, groups, weight, bias, eps);
+}
+
+at::Tensor GroupNorm::with_silu(const at::Tensor& x) const {
+  if (at::Tensor out = group_norm_on_cuda(*this, x, true); out.defined()) return out;
+  return at::silu(at::group_norm(x, groups, weight, bias, eps));
+}
 
 VaeResnet VaeResnet::load(const ModuleWeights& w, int64_t in, int64_t out, int64_t groups, VaeActivation act) {
   VaeResnet block;
@@ -58,8 +112,11 @@ VaeResnet VaeResnet::load(const ModuleWeights& w, int64_t in, int64_t out, int64
 }
 
 at::Tensor VaeResnet::operator()(const at::Tensor& x) const {
-  at::Tensor hidden = conv1(act(norm1(x)));
-  hidden = conv2(act(norm2(hidden)));
+  const auto norm_act = [&](const GroupNorm& norm, const at::Tensor& t) {
+    return act == &silu ? norm.with_silu(t) : act(norm(t));
+  };
+  at::Tensor hidden = conv1(norm_act(norm1, x));
+  hidden = conv2(norm_act(norm2, hidden));
   const at::Tensor shortcut = conv_shortcut.weight.defined() ? conv_shortcut(x) : x;
   return shortcut + hidden;  // output_scale_factor is 1 in the VAE: the reference's division is exact
 }
@@ -142,7 +199,7 @@ at::Tensor VaeDecoder::operator()(const at::Tensor& z) const {
       hidden = block.upsample_conv(at::upsample_nearest2d(hidden, std::nullopt, scale));
     }
   }
-  return conv_out(at::silu(conv_norm_out(hidden)));  // conv_act is SiLU whatever act_fn says
+  return conv_out(conv_norm_out.with_silu(hidden));  // conv_act is SiLU whatever act_fn says
 }
 
 VaeEncoder VaeEncoder::load(const ModuleWeights& w, const VaeConfig& c, VaeActivation act) {
@@ -177,7 +234,7 @@ at::Tensor VaeEncoder::operator()(const at::Tensor& image) const {
     if (block.downsample_conv.weight.defined()) hidden = block.downsample_conv(at::constant_pad_nd(hidden, {0, 1, 0, 1}, 0));
   }
   hidden = mid_block(hidden);
-  return conv_out(at::silu(conv_norm_out(hidden)));
+  return conv_out(conv_norm_out.with_silu(hidden));
 }
 
 }  // namespace dp::models

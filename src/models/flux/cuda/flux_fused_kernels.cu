@@ -9,39 +9,20 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "models/cuda/element_math.cuh"
 #include "models/flux/cuda/flux_fused_kernels.h"
 #include "models/flux/cuda/gelu_tanh.cuh"
 
 namespace dp::models::flux::kernels {
 namespace {
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// The value a PyTorch op producing a T tensor would have stored.
-template <typename T>
-__device__ __forceinline__ float rounded(float x) { return to_float(from_float<T>(x)); }
-
-// V consecutive elements moved as one 16-byte (or smaller) memory transaction.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
+using gpu::aligned;
+using gpu::from_float;
+using gpu::Pack;
+using gpu::rounded;
+using gpu::to_float;
+using gpu::warp_sum;
+using gpu::with_type;
 
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats.
 __device__ float block_sum(float x, float* scratch) {
@@ -258,18 +239,6 @@ __global__ void gelu_tanh_kernel(RowView src, RowView dst, int64_t tokens, int64
 int elementwise_blocks(int64_t packs, int threads) {
   const int64_t wanted = (packs + threads - 1) / threads;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, 132 * 32)));
-}
-
-bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Calls f.template operator()<T>() with the CUDA type of `type`.
-template <typename F>
-void with_type(ElementType type, F&& f) {
-  switch (type) {
-    case ElementType::F32: f(float{}); break;
-    case ElementType::F16: f(__half{}); break;
-    case ElementType::BF16: f(__nv_bfloat16{}); break;
-  }
 }
 
 }  // namespace

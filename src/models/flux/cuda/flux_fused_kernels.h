@@ -6,9 +6,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include "models/cuda/element_type.h"
+
 namespace dp::models::flux::kernels {
 
-enum class ElementType { F32, F16, BF16 };
+using ElementType = gpu::ElementType;
 
 // Strided rows of a (batch, rows, columns) view whose last dimension is contiguous.
 struct RowView {
