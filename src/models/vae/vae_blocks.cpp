@@ -61,13 +61,14 @@ at::Tensor group_norm_on_cuda(const GroupNorm& norm, const at::Tensor& x, bool s
   const auto type = x.scalar_type();
   if (!x.is_cuda() || !flux::fused_kernels_enabled() || x.dim() < 2 || !x.is_contiguous() ||
       !(type == at::kFloat || type == at::kHalf || type == at::kBFloat16) || !norm.weight.defined() ||
-      !norm.bias.defined() || norm.groups <= 0 || x.size(1) % norm.groups != 0)
-    return {};
+      !norm.bias.defined() || norm.weight.scalar_type() != type || norm.bias.scalar_type() != type ||
+      norm.groups <= 0 || x.size(1) % norm.groups != 0)
+    return {};  // LibTorch's kernel takes mixed dtypes with its own rules: left to it
   DP_CHECK(norm.weight.numel() == x.size(1) && norm.bias.numel() == x.size(1), "group norm of ", x.size(1),
            " channels has ", norm.weight.numel(), " weights and ", norm.bias.numel(), " biases");
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor weight = norm.weight.to(x.device(), type).contiguous();
-  const at::Tensor bias = norm.bias.to(x.device(), type).contiguous();
+  const at::Tensor weight = norm.weight.to(x.device()).contiguous();
+  const at::Tensor bias = norm.bias.to(x.device()).contiguous();
   const vae::kernels::GroupNormShape shape{x.size(0), x.size(1), x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1)),
                                            norm.groups};
   const auto element = type == at::kFloat  ? vae::kernels::ElementType::F32
