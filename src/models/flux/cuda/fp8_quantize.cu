@@ -2,30 +2,27 @@
 // The codes are the ATen composition's (an IEEE division, then the cast), value for value: see quotient(). A row
 // may be the concatenation of two matrices' rows, either through a GELU: the single block's [attention |
 // gelu(mlp)] and the MLP's gelu(hidden) are quantised without being written out in bf16 first.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "models/cuda/element_math.cuh"
 #include "models/flux/cuda/fp8_quantize.h"
 #include "models/flux/cuda/gelu_tanh.cuh"
 
 namespace dp::models::flux::kernels {
 namespace {
 
+using gpu::Pack;
+using gpu::rounded;
+using gpu::to_float;
+using gpu::with_type;
+
 constexpr float kFp8Max = 448.0f;
 // The dynamic shared memory a launch may take without opting in: 48 KB less the static block_max scratch (a bf16
 // row of up to 24448 columns; FLUX's widest, [attention | mlp], has 15360).
 constexpr size_t kRowCacheBytes = 48 * 1024 - 32 * sizeof(float);
-
-__device__ __forceinline__ float as_float(float x) { return x; }
-__device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float stored(float x, float) { return x; }
-__device__ __forceinline__ float stored(float x, __half) { return __half2float(__float2half_rn(x)); }
-__device__ __forceinline__ float stored(float x, __nv_bfloat16) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 __device__ float block_max(float x, float* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
@@ -49,11 +46,7 @@ __device__ __forceinline__ float quotient(float x, float scale, float reciprocal
   return copysignf(fmaf(residual, reciprocal, product), x);
 }
 
-// V elements read as one transaction and written as V bytes.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
+// V bytes written as one transaction.
 template <int V>
 struct alignas(V) Bytes {
   __nv_fp8_e4m3 v[V];
@@ -72,12 +65,12 @@ __device__ __forceinline__ void row_pack(const Fp8Segment& first, const Fp8Segme
   const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(start);
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    const float x = as_float(pack.v[e]);
-    out[e] = gelu ? stored(gelu_tanh_value(x), T{}) : x;
+    const float x = to_float(pack.v[e]);
+    out[e] = gelu ? rounded<T>(gelu_tanh_value(x)) : x;
   }
 }
 
-// With kCached, the first pass keeps the row (after its GELU, rounded to T as stored() already does, so exactly)
+// With kCached, the first pass keeps the row (after its GELU, rounded to T as rounded() already does, so exactly)
 // in shared memory and the second reads it there: each element is read from global memory and through the tanh
 // once. Without (rows too wide for 48 KB), the second pass reads and evaluates the row again.
 template <typename T, int V, bool kCached>
@@ -109,7 +102,7 @@ __global__ void quantize_rows_kernel(Fp8Segment first, Fp8Segment second, __nv_f
     if constexpr (kCached) {
       const Pack<T, V> kept = cache[i];
 #pragma unroll
-      for (int e = 0; e < V; ++e) values[e] = as_float(kept.v[e]);
+      for (int e = 0; e < V; ++e) values[e] = to_float(kept.v[e]);
     } else {
       row_pack<T, V>(first, second, row, i, values);
     }
@@ -154,11 +147,7 @@ void quantize_rows_fp8(ElementType type, const Fp8Segment& first, const Fp8Segme
       quantize_rows_kernel<T, 1, true><<<blocks, threads, row_bytes, stream>>>(first, second, bytes, scales);
     }
   };
-  switch (type) {
-    case ElementType::F32: run(float{}); break;
-    case ElementType::F16: run(__half{}); break;
-    case ElementType::BF16: run(__nv_bfloat16{}); break;
-  }
+  with_type(type, run);
 }
 
 }  // namespace dp::models::flux::kernels
