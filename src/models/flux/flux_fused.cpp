@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "models/flux/cuda/cublaslt_gelu.h"
+#include "models/flux/cuda/cublaslt_matmul.h"
 #include "models/flux/cuda/flux_fused_kernels.h"
 #endif
 
@@ -190,8 +190,9 @@ void linear_gelu_tanh_into(const at::Tensor& x, const Linear& layer, const at::T
       out.scalar_type() == x.scalar_type() && out.device() == x.device()) {
     const c10::cuda::CUDAGuard guard(x.device());
     // view, not reshape: the GEMM must write into `out` itself, never into a copy of it.
-    if (cublaslt::linear_bias_gelu(x.view({-1, x.size(2)}), layer.weight, layer.bias, out.view({-1, out.size(2)})))
-      return;
+    const cublaslt::LinearProblem problem(x.view({-1, x.size(2)}), layer.weight, layer.bias,
+                                          out.view({-1, out.size(2)}), cublaslt::Epilogue::kGeluBias);
+    if (cublaslt::run_with_heuristic(problem)) return;
   }
 #endif
   gelu_tanh_into(layer(x), out);
