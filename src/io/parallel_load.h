@@ -44,6 +44,10 @@ struct LoadPolicy {
   // A reader's unit of work and the size of each of its two pinned chunks: large enough that a copy's launch
   // cost is noise, small enough that 16 readers pin 256 MB in all. Tests make it small to split small tensors.
   uint64_t piece_bytes = uint64_t{8} << 20;
+  // A component converted as it loads (the FLUX blocks under --fp8-gemms) is read ahead this many bytes at a
+  // time, each part converted before the next is read: the device then holds one part in the file's dtype beside
+  // what is already converted, not the whole component twice. Tests make it small to split a tiny model.
+  uint64_t converting_part_bytes = uint64_t{2} << 30;
 };
 LoadPolicy load_policy();
 void set_load_policy(const LoadPolicy& policy);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "io/parallel_load.h"
 #include "io/safetensors_writer.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
@@ -240,6 +241,38 @@ TEST_P(FluxOracleCuda, Fp8GemmsMatchTheirDefinition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracleCuda, ::testing::ValuesIn(kCases));
+
+// --fp8-gemms converts the blocks as they load, a part of the held range at a time (io::LoadPolicy::
+// converting_part_bytes), so that the device never holds the whole range twice. Parts of one block each must give
+// the bits of one part for the whole range, in one load per part.
+TEST(FluxTransformer, Fp8BlocksConvertAPartAtATimeWithTheSameBits) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case("dev_like");
+  const std::string config_path = c.transformer_dir + "/config.json";
+  const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(c.transformer_dir));
+  const auto load_with_parts_of = [&](uint64_t part_bytes, FluxParts parts, size_t& loads) {
+    io::LoadPolicy policy;
+    policy.converting_part_bytes = part_bytes;
+    io::set_load_policy(policy);
+    const size_t before = io::load_history().size();
+    flux::set_fp8_gemms_enabled(true);
+    auto model = FluxTransformer::load(weights, config, at::kBFloat16, at::kCPU, parts);
+    flux::set_fp8_gemms_enabled(false);
+    io::set_load_policy({});
+    loads = io::load_history().size() - before;
+    return model;
+  };
+  size_t whole_loads = 0, block_loads = 0, stage_loads = 0;
+  const auto whole = load_with_parts_of(uint64_t{1} << 40, FluxParts::all(), whole_loads);
+  const auto by_block = load_with_parts_of(1, FluxParts::all(), block_loads);
+  EXPECT_EQ(whole_loads, 2U) << "the embedders and the head, then all blocks as one part";
+  EXPECT_EQ(block_loads, static_cast<size_t>(1 + config.num_blocks())) << "the embedders and the head, then each block";
+  const FluxInputs inputs = cast_inputs(c.inputs, at::kBFloat16);
+  EXPECT_TRUE(at::equal(whole.forward(inputs), by_block.forward(inputs)));
+  load_with_parts_of(1, FluxParts::blocks(1, 3), stage_loads);
+  EXPECT_EQ(stage_loads, 2U) << "a stage holding blocks 1 and 2, one part each";
+}
 
 TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {
   c10::InferenceMode guard;

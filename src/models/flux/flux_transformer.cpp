@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.h"
 #include "core/json_file.h"
@@ -32,20 +33,54 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
   model.dtype_ = dtype;
   model.device_ = device;
   model.lora_ = LoraBinding::make(std::move(lora), io::LoraComponent::transformer);
-  // Only the tensors this piece holds on the device are read ahead: its blocks that are not offloaded, and the
-  // embedders and head when it holds them.
-  const auto held = [&](const std::string& name) {
-    const auto block_of = [&](const std::string& prefix, int64_t base) -> int64_t {
+  // The global block a tensor belongs to ([0, num_layers) double, then single), or -1 outside the blocks.
+  const auto block_of = [&](const std::string& name) -> int64_t {
+    const auto numbered = [&](const std::string& prefix, int64_t base) -> int64_t {
       if (name.compare(0, prefix.size(), prefix) != 0) return -1;
       return base + std::atoll(name.c_str() + prefix.size());
     };
-    int64_t block = block_of("transformer_blocks.", 0);
-    if (block < 0) block = block_of("single_transformer_blocks.", config.num_layers);
+    const int64_t block = numbered("transformer_blocks.", 0);
+    return block >= 0 ? block : numbered("single_transformer_blocks.", config.num_layers);
+  };
+  // Only the tensors this piece holds on the device are read ahead: its blocks that are not offloaded, and the
+  // embedders and head when it holds them.
+  const auto held = [&](const std::string& name) {
+    const int64_t block = block_of(name);
     if (block >= 0) return block >= parts.first_block && block < parts.last_block && parts.offloaded.count(block) == 0;
     const bool head = name.rfind("norm_out.", 0) == 0 || name.rfind("proj_out.", 0) == 0;
     return head ? parts.head : parts.embedders;
   };
-  const ModuleWeights root = ModuleWeights(std::move(weights), dtype, device).with_lora(model.lora_).read_ahead(held);
+  // FP8 GEMMs for the blocks held on the device; streamed blocks keep their checkpoint's dtype. Converted blocks
+  // are read ahead a part at a time (io::LoadPolicy::converting_part_bytes) and converted before the next part
+  // is read, so the device never holds the whole range in the run dtype beside its FP8 copy.
+  const bool fp8 = flux::fp8_gemms_enabled();
+  if (fp8) flux::check_fp8_gemms_supported(dtype, device);
+  const ModuleWeights scope = ModuleWeights(weights, dtype, device).with_lora(model.lora_);
+  const ModuleWeights root = scope.read_ahead([&](const std::string& name) {
+    return held(name) && !(fp8 && block_of(name) >= 0);
+  });
+  std::vector<uint64_t> block_bytes(static_cast<size_t>(config.num_blocks()), 0);
+  if (fp8) {
+    for (const auto& name : weights->names())
+      if (const int64_t block = block_of(name); block >= 0 && block < config.num_blocks() && held(name))
+        block_bytes[static_cast<size_t>(block)] += weights->info(name).nbytes();
+  }
+  const uint64_t part_bytes = io::load_policy().converting_part_bytes;
+  ModuleWeights part = root;
+  int64_t part_end = parts.first_block;  // the part read ahead covers blocks [.., part_end)
+  const auto read_part_from = [&](int64_t first) {
+    uint64_t bytes = 0;
+    part_end = first;
+    for (; part_end < parts.last_block; ++part_end) {
+      const uint64_t next = block_bytes[static_cast<size_t>(part_end)];
+      if (part_end > first && bytes + next > part_bytes) break;
+      bytes += next;
+    }
+    part = scope.read_ahead([&](const std::string& name) {
+      const int64_t block = block_of(name);
+      return block >= first && block < part_end && held(name);
+    });
+  };
   const int64_t dim = config.inner_dim();
   if (parts.embedders) {
     model.x_embedder_ = Linear::load(root, "x_embedder", config.in_channels, dim);
@@ -66,9 +101,6 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
   // Streamed on the CPU too (to the host), so that every CPU test of an offloading map runs the same slots,
   // prefetch and copies as a GPU.
   std::map<int64_t, OffloadedWeights> streamed = parts.offloaded;
-  // FP8 GEMMs for the blocks held on the device; streamed blocks keep their checkpoint's dtype.
-  const bool fp8 = flux::fp8_gemms_enabled();
-  if (fp8) flux::check_fp8_gemms_supported(dtype, device);
   for (int64_t b = parts.first_block; b < parts.last_block; ++b) {
     if (streamed.count(b)) {
       // A placeholder keeps the vectors indexed by block; the weights come from offloaded_ per use.
@@ -76,12 +108,14 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
       else model.single_blocks_.emplace_back();
       continue;
     }
+    if (fp8 && b >= part_end) read_part_from(b);
+    const ModuleWeights& from = fp8 ? part : root;
     if (b < config.num_layers) {
-      auto block = flux::DoubleBlock::load(root.child("transformer_blocks." + std::to_string(b)), config);
+      auto block = flux::DoubleBlock::load(from.child("transformer_blocks." + std::to_string(b)), config);
       model.double_blocks_.push_back(fp8 ? flux::to_fp8(block) : std::move(block));
     } else {
       const int64_t s = b - config.num_layers;
-      auto block = flux::SingleBlock::load(root.child("single_transformer_blocks." + std::to_string(s)), config);
+      auto block = flux::SingleBlock::load(from.child("single_transformer_blocks." + std::to_string(s)), config);
       model.single_blocks_.push_back(fp8 ? flux::to_fp8(block) : std::move(block));
     }
   }
