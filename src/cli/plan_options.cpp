@@ -59,6 +59,9 @@ void add_plan_options(CLI::App& cmd, PlanOptions& o) {
                "plan as `generate --device cuda --max-memory` does, where max_memory also caps each rank's CUDA\n"
                "allocator: auto/balanced/sequential place weights in each GPU's max_memory less the activations,\n"
                "the allocator reserve and two streamed blocks (without it: exactly accelerate's map)");
+  cmd.add_flag("--fp8-gemms", o.request.fp8_gemms,
+               "plan as `generate --fp8-gemms` does: the blocks' projections sized as FP8 (a byte an element), so\n"
+               "more blocks share a GPU; a plan that would offload blocks is made at the run dtype instead");
   cmd.add_option("--gpu-memory", o.gpu_memory,
                  "assumed free memory per GPU without --max-memory, and each GPU's memory in --simulate-sweep")
       ->capture_default_str();

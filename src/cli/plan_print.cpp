@@ -132,7 +132,12 @@ void print_placement(const nlohmann::ordered_json& plan) {
     std::cout << " " << item.key() << "=" << human_bytes(item.value().get<uint64_t>());
   std::cout << "\n\ntransformer '" << plan["transformer"]["component"].get<std::string>() << "' ("
             << human_bytes(plan["transformer"]["total_bytes"].get<uint64_t>()) << ") with --device-map "
-            << plan["transformer"]["device_map"].get<std::string>() << "\nhf_device_map:\n";
+            << plan["transformer"]["device_map"].get<std::string>() << "\n";
+  if (plan.contains("block_weights")) std::cout << "block weights: " << plan["block_weights"].get<std::string>() << "\n";
+  if (plan.contains("fp8_converting_holdback_bytes"))
+    std::cout << "each GPU keeps " << human_bytes(plan["fp8_converting_holdback_bytes"].get<uint64_t>())
+              << " free for the block being converted to FP8 as it loads\n";
+  std::cout << "hf_device_map:\n";
   print_map(plan["hf_device_map"]);
   const nlohmann::ordered_json no_mesh;
   print_ranks(plan["ranks"], plan.contains("mesh") ? plan["mesh"] : no_mesh);

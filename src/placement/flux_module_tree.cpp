@@ -145,6 +145,14 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
+// What a tensor occupies on its device once loaded, and converted where --fp8-gemms converts it.
+int64_t held_bytes(const std::string& name, const std::vector<int64_t>& shape, io::DType stored, uint64_t numel,
+                   io::DType run_dtype, BlockWeights blocks) {
+  if (blocks == BlockWeights::fp8_gemms && is_floating(stored) && models::flux_fp8_gemm_weight(name, shape))
+    return models::flux_fp8_gemm_weight_bytes(shape);
+  return bytes_at_run_dtype(stored, numel, run_dtype);
+}
+
 }  // namespace
 
 int64_t bytes_at_run_dtype(io::DType stored, uint64_t numel, io::DType run_dtype) {
@@ -152,14 +160,15 @@ int64_t bytes_at_run_dtype(io::DType stored, uint64_t numel, io::DType run_dtype
   return static_cast<int64_t>(numel * size);
 }
 
-ModuleTree flux_module_tree(const models::FluxConfig& config, io::DType run_dtype) {
+ModuleTree flux_module_tree(const models::FluxConfig& config, io::DType run_dtype, BlockWeights blocks) {
   ModuleTree tree = FluxTreeBuilder(config).build();
   for (const auto& [name, shape] : checked_shapes(config, tree))
-    tree.set_tensor_bytes(name, bytes_at_run_dtype(run_dtype, numel_of(shape), run_dtype));
+    tree.set_tensor_bytes(name, held_bytes(name, shape, run_dtype, numel_of(shape), run_dtype, blocks));
   return tree;
 }
 
-ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIndex& weights, io::DType run_dtype) {
+ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIndex& weights, io::DType run_dtype,
+                            BlockWeights blocks) {
   ModuleTree tree = FluxTreeBuilder(config).build();
   const auto shapes = checked_shapes(config, tree);
   for (const auto& name : weights.names()) {
@@ -169,7 +178,7 @@ ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIn
     const auto& info = weights.info(name);
     DP_CHECK(info.shape == it->second, weights.dir(), ": tensor '", name, "' has shape ", shape_text(info.shape),
              " but config.json implies ", shape_text(it->second));
-    tree.set_tensor_bytes(name, bytes_at_run_dtype(info.dtype, info.numel(), run_dtype));
+    tree.set_tensor_bytes(name, held_bytes(name, info.shape, info.dtype, info.numel(), run_dtype, blocks));
   }
   for (const auto& [name, shape] : shapes)
     DP_CHECK(weights.contains(name), weights.dir(), ": checkpoint has no tensor '", name,

@@ -16,11 +16,17 @@ namespace dp::placement {
 // model built under the run dtype).
 int64_t bytes_at_run_dtype(io::DType stored, uint64_t numel, io::DType run_dtype);
 
-// Sizes from the config alone: every parameter at the run dtype.
-ModuleTree flux_module_tree(const models::FluxConfig& config, io::DType run_dtype);
+// How the blocks' projection weights are held: as loaded (the run dtype), or converted to FP8 by --fp8-gemms
+// (models::flux_fp8_gemm_weight), one byte an element and an fp32 scale per row.
+enum class BlockWeights { run_dtype, fp8_gemms };
+
+// Sizes from the config alone: every parameter at the run dtype (or FP8, as `blocks` says).
+ModuleTree flux_module_tree(const models::FluxConfig& config, io::DType run_dtype,
+                            BlockWeights blocks = BlockWeights::run_dtype);
 
 // Sizes from the checkpoint headers in `weights`. Every header tensor must be a parameter of the model with
 // the shape the config implies, and every parameter must be present; errors name the folder and tensor.
-ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIndex& weights, io::DType run_dtype);
+ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIndex& weights, io::DType run_dtype,
+                            BlockWeights blocks = BlockWeights::run_dtype);
 
 }  // namespace dp::placement

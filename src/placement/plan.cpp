@@ -1,5 +1,6 @@
 #include "placement/plan.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -60,13 +61,13 @@ const io::Component& transformer_component(const io::ModelFolder& folder) {
   return *found;
 }
 
-Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype) {
+Transformer load_transformer(const io::ModelFolder& folder, io::DType dtype, BlockWeights blocks) {
   const io::Component* found = &transformer_component(folder);
   DP_CHECK(found->has_weights, found->path, ": the transformer has no *.safetensors weights (headers are needed)");
   Transformer t{*found, {}, ModuleTree("FluxTransformer2DModel")};
   const std::string config_path = (fs::path(found->path) / "config.json").string();
   t.config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
-  t.tree = flux_module_tree(t.config, io::WeightIndex::open_dir(found->path), dtype);
+  t.tree = flux_module_tree(t.config, io::WeightIndex::open_dir(found->path), dtype, blocks);
   return t;
 }
 
@@ -139,9 +140,41 @@ nlohmann::ordered_json devices_json(const MaxMemory& user, const MaxMemory& caps
   return out;
 }
 
+// The largest block's bytes in `tree` (0 without blocks).
+int64_t largest_block_bytes(const models::FluxConfig& config, const ModuleTree& tree) {
+  int64_t largest = 0;
+  for (int64_t b = 0; b < config.num_layers; ++b)
+    largest = std::max(largest, tree.size_of("transformer_blocks." + std::to_string(b)));
+  for (int64_t b = 0; b < config.num_single_layers; ++b)
+    largest = std::max(largest, tree.size_of("single_transformer_blocks." + std::to_string(b)));
+  return largest;
+}
+
+bool offloads(const DeviceMap& map) {
+  return std::any_of(map.begin(), map.end(), [](const auto& entry) { return entry.second.offloaded(); });
+}
+
+nlohmann::ordered_json make_plan_sized(const PlanRequest& request, BlockWeights blocks);
+
 }  // namespace
 
 nlohmann::ordered_json make_plan(const PlanRequest& request) {
+  if (!request.fp8_gemms) return make_plan_sized(request, BlockWeights::run_dtype);
+  nlohmann::ordered_json plan = make_plan_sized(request, BlockWeights::fp8_gemms);
+  if (!plan.contains("offloaded") || !plan["offloaded"].get<bool>()) {
+    plan["block_weights"] = "fp8: the blocks' projections sized at one byte an element (--fp8-gemms)";
+    return plan;
+  }
+  plan = make_plan_sized(request, BlockWeights::run_dtype);
+  plan["block_weights"] = str(io::run_dtype_name(request.dtype), ": at FP8 sizes the plan offloads blocks, which "
+                              "stay ", io::run_dtype_name(request.dtype), " and stream at that size (--fp8-gemms "
+                              "converts only the blocks held on a GPU)");
+  return plan;
+}
+
+namespace {
+
+nlohmann::ordered_json make_plan_sized(const PlanRequest& request, BlockWeights blocks) {
   DP_CHECK(!request.model_dir.empty(), "--model is required");
   const auto folder = io::ModelFolder::open(request.model_dir);
   const int world = world_of(request);
@@ -159,8 +192,17 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   nlohmann::ordered_json plan = {{"model", request.model_dir}, {"dtype", io::run_dtype_name(request.dtype)},
                                  {"world_size", world}, {"max_memory", max_memory.to_json()},
                                  {"max_memory_from", user_set ? "--max-memory" : "assumed free memory per GPU"}};
-  const Transformer t = load_transformer(folder, request.dtype);
+  const Transformer t = load_transformer(folder, request.dtype, blocks);
   const auto units = flux_timed_units(t.config, t.tree, request.timing);
+  if (blocks == BlockWeights::fp8_gemms && request.cuda_caps) {
+    // A block is read at the run dtype and converted in place of itself: keep one such block free on each GPU.
+    const int64_t converting = largest_block_bytes(t.config, flux_module_tree(t.config, request.dtype));
+    MaxMemory less_converting;
+    for (const auto& [device, bytes] : max_memory.entries())
+      less_converting.set(device, device.is_gpu() ? std::max<int64_t>(0, bytes - converting) : bytes);
+    max_memory = less_converting;
+    plan["fp8_converting_holdback_bytes"] = converting;
+  }
 
   // The requested placement.
   Strategy strategy = Strategy::auto_;
@@ -210,6 +252,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   }
   transformer["hf_device_map"] = map_json(hf_map);
   plan["hf_device_map"] = map_json(hf_map);
+  plan["offloaded"] = offloads(hf_map);
   plan["transformer"] = transformer;
   plan["devices"] = devices_json(max_memory, caps, weights, reserved, world);
   // A custom map is taken as written (as accelerate takes it): said aloud when it puts more on a device than
@@ -277,5 +320,7 @@ nlohmann::ordered_json make_plan(const PlanRequest& request) {
   }
   return plan;
 }
+
+}  // namespace
 
 }  // namespace dp::placement

@@ -35,6 +35,11 @@ struct PlanRequest {
   // max_memory less runtime_holdback_bytes() before the strategy places them (the cap stays max_memory), and
   // "pipeline" holds back the allocator reserve and rounding (plan_pipeline's cuda_caps).
   bool cuda_caps = false;
+  // --fp8-gemms: the blocks' projections are sized as FP8 (flux_module_tree's BlockWeights::fp8_gemms), which
+  // lets more blocks share a GPU, for plans that hold every block on a GPU. A plan that would offload blocks is
+  // made at checkpoint sizes instead: offloaded blocks stay bf16 and stream at that size. Under cuda_caps each
+  // GPU also keeps one block at the run dtype free, where a block is converted as it loads.
+  bool fp8_gemms = false;
   int64_t gpu_memory_bytes = 141'000'000'000;  // assumed free memory per GPU when max_memory is absent (H200)
   int64_t cpu_memory_bytes = 128'000'000'000;
 };

@@ -70,6 +70,7 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   plan_request.dtype = io::to_safetensors_dtype(request.dtype);
   // On CUDA the caps are enforced, so accelerate's strategies must leave room beside the weights (plan --cuda-caps).
   plan_request.cuda_caps = request.device.is_cuda() && !options.max_memory.empty();
+  plan_request.fp8_gemms = options.fp8_gemms;  // the CLI folds DIFFPIPE_FP8_GEMMS=1 into it
   // The size the run computes (rounded as diffusers rounds it), in FLUX.1's 16-pixel units for the timing model.
   plan_request.timing.height = grid.height / 2 * 16;
   plan_request.timing.width = grid.width / 2 * 16;

@@ -104,6 +104,9 @@ GenerateOutcome distributed_generate(pipeline::FluxPipeline& flux, const pipelin
   // stored wider than the run dtype are read one by one instead.
   io::LoadPolicy load_policy = io::load_policy();
   load_policy.bounded_memory = !options.max_memory.empty();
+  // --fp8-gemms under a cap: one block at a time is read at the run dtype and converted, the headroom the plan
+  // keeps for it (placement/plan.h).
+  if (load_policy.bounded_memory) load_policy.converting_part_bytes = 1;
   io::set_load_policy(load_policy);
   pipeline::set_encoder_warm_up(options.warm_up && options.max_memory.empty());
   if (run.world.uses_mpi()) run.transport = make_transport(run.transport_name, run.layout(), run.world, run.device, options);

@@ -16,6 +16,7 @@
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
 #include "models/flux/fp8_gemm.h"
+#include "placement/flux_module_tree.h"
 #include "test_support.h"
 
 namespace dp::models {
@@ -272,6 +273,32 @@ TEST(FluxTransformer, Fp8BlocksConvertAPartAtATimeWithTheSameBits) {
   EXPECT_TRUE(at::equal(whole.forward(inputs), by_block.forward(inputs)));
   load_with_parts_of(1, FluxParts::blocks(1, 3), stage_loads);
   EXPECT_EQ(stage_loads, 2U) << "a stage holding blocks 1 and 2, one part each";
+}
+
+// Planning sizes blocks as --fp8-gemms holds them (placement::BlockWeights::fp8_gemms, from the names and shapes
+// alone): each must be exactly what a loaded block holds once converted, and at the run dtype what it holds
+// unconverted. Both tiny configs with FP8-sized projections, one with a guidance embedding and one without.
+TEST(FluxTransformer, PlannedFp8BlockSizesAreWhatTheConvertedBlocksHold) {
+  c10::InferenceMode guard;
+  for (const std::string name : {"dev_like", "guidance_nonsquare"}) {
+    const std::string dir = dp::test::reference_dir() + "/flux/" + name + "/transformer";
+    const auto config = FluxConfig::from_json(read_json_file(dir + "/config.json"), dir);
+    const auto index = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(dir));
+    const auto fp8_tree = placement::flux_module_tree(config, *index, io::DType::BF16,
+                                                      placement::BlockWeights::fp8_gemms);
+    const auto bf16_tree = placement::flux_module_tree(config, *index, io::DType::BF16);
+    const ModuleWeights root(index, at::kBFloat16, at::kCPU);
+    const auto dbl = flux::DoubleBlock::load(root.child("transformer_blocks.0"), config);
+    const auto sgl = flux::SingleBlock::load(root.child("single_transformer_blocks.0"), config);
+    EXPECT_EQ(static_cast<int64_t>(dbl.nbytes()), bf16_tree.size_of("transformer_blocks.0")) << name;
+    EXPECT_EQ(static_cast<int64_t>(sgl.nbytes()), bf16_tree.size_of("single_transformer_blocks.0")) << name;
+    EXPECT_EQ(static_cast<int64_t>(flux::to_fp8(dbl).nbytes()), fp8_tree.size_of("transformer_blocks.0")) << name;
+    EXPECT_EQ(static_cast<int64_t>(flux::to_fp8(sgl).nbytes()), fp8_tree.size_of("single_transformer_blocks.0"))
+        << name;
+    EXPECT_LT(fp8_tree.size_of("transformer_blocks.0"), bf16_tree.size_of("transformer_blocks.0")) << name
+        << ": no projection converted; the case no longer tests FP8 sizes";
+    EXPECT_EQ(fp8_tree.size_of("x_embedder"), bf16_tree.size_of("x_embedder")) << "only the blocks convert";
+  }
 }
 
 TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {

@@ -371,6 +371,41 @@ TEST(PlacementOracle, FluxDevAutoOnTwoLargeGpusMatchesTheHandComputedSplit) {
   EXPECT_EQ(got["proj_out"], "1");
 }
 
+// --fp8-gemms plans the blocks at FP8 sizes (15.2 GB for FLUX.1-dev against 23.8), so a GPU of 17 GB that
+// "sequential" fills first holds all of them; a plan that would offload blocks is made at the checkpoint's sizes,
+// the size offloaded blocks stream at, and says so; under --cuda-caps each GPU keeps a bf16 block free for the
+// conversion.
+TEST(PlacementFp8, BlocksSizedAsFp8ShareAGpuUnlessThePlanOffloads) {
+  const std::string model = header_only_model(read_json_file(oracle_dir() + "/configs/flux_dev.json"), "flux_dev");
+  const auto plan = [&](const std::string& flags) {
+    const std::string command = dp::test::diffpipe_binary() + " plan --json --model " + model + " " + flags;
+    const auto result = dp::test::run_command(command + " 2>/dev/null");
+    EXPECT_EQ(result.exit_code, 0) << command << "\n" << result.output;
+    return nlohmann::json::parse(result.output);
+  };
+  const auto devices_used = [](const nlohmann::json& p) {
+    std::set<std::string> used;
+    for (const auto& [module, device] : as_pairs(p["hf_device_map"])) used.insert(device);
+    return used;
+  };
+  const std::string two_gpus = "--device-map sequential --max-memory 0=17GB,1=141GB";
+  const auto bf16 = plan(two_gpus);
+  const auto fp8 = plan(two_gpus + " --fp8-gemms");
+  EXPECT_EQ(devices_used(bf16), (std::set<std::string>{"0", "1"}));
+  EXPECT_EQ(devices_used(fp8), (std::set<std::string>{"0"}));
+  EXPECT_EQ(fp8["block_weights"].get<std::string>().rfind("fp8", 0), 0U) << fp8["block_weights"];
+  EXPECT_LT(fp8["transformer"]["total_bytes"].get<int64_t>(), 16'000'000'000);
+  EXPECT_FALSE(bf16.contains("block_weights"));
+
+  const std::string offloading = "--device-map auto --max-memory 0=10GB,cpu=100GB";
+  const auto offloaded = plan(offloading + " --fp8-gemms");
+  EXPECT_EQ(offloaded["block_weights"].get<std::string>().rfind("bf16", 0), 0U) << offloaded["block_weights"];
+  EXPECT_EQ(as_pairs(offloaded["hf_device_map"]), as_pairs(plan(offloading)["hf_device_map"]));
+
+  const auto capped = plan(two_gpus + " --fp8-gemms --cuda-caps");
+  EXPECT_EQ(capped["fp8_converting_holdback_bytes"].get<int64_t>(), 679'662'592) << "one bf16 double block";
+}
+
 // "pipeline" against "balanced" for FLUX.1-dev on N H200s (141 GB each), at 1024x1024.
 TEST(PlacementPipeline, BeatsBalancedOnImbalanceForFluxDev) {
   const auto config = models::FluxConfig::flux_dev();

@@ -1,5 +1,6 @@
 #include "models/flux/flux_config.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -100,6 +101,32 @@ void add_attention(std::vector<ParameterShape>& out, const std::string& p, int64
 }
 
 }  // namespace
+
+bool flux_fp8_gemm_weight(const std::string& name, const std::vector<int64_t>& shape) {
+  // As fp8_gemm.cpp's to_fp8 takes them: q|k|v (each stream), the attention outputs and the MLPs of a double
+  // block; q|k|v, proj_mlp and proj_out of a single block. Their modulation rows (norm1, norm) stay.
+  static const std::vector<std::string> double_block = {
+      "attn.to_q.weight",       "attn.to_k.weight",       "attn.to_v.weight",       "attn.add_q_proj.weight",
+      "attn.add_k_proj.weight", "attn.add_v_proj.weight", "attn.to_out.0.weight",   "attn.to_add_out.weight",
+      "ff.net.0.proj.weight",   "ff.net.2.weight",        "ff_context.net.0.proj.weight", "ff_context.net.2.weight"};
+  static const std::vector<std::string> single_block = {"attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight",
+                                                        "proj_mlp.weight", "proj_out.weight"};
+  constexpr int64_t kGranularity = 16;  // the tensor cores' FP8 granularity
+  if (shape.size() != 2 || shape[0] % kGranularity != 0 || shape[1] % kGranularity != 0) return false;
+  const auto in_block = [&](const std::string& prefix, const std::vector<std::string>& suffixes) {
+    if (name.compare(0, prefix.size(), prefix) != 0) return false;
+    const std::size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos || dot == prefix.size()) return false;
+    const std::string rest = name.substr(dot + 1);
+    return std::find(suffixes.begin(), suffixes.end(), rest) != suffixes.end();
+  };
+  return in_block("transformer_blocks.", double_block) || in_block("single_transformer_blocks.", single_block);
+}
+
+int64_t flux_fp8_gemm_weight_bytes(const std::vector<int64_t>& shape) {
+  DP_CHECK(shape.size() == 2, "an FP8 weight is a matrix, got ", shape.size(), " dimensions");
+  return shape[0] * shape[1] + shape[0] * static_cast<int64_t>(sizeof(float));
+}
 
 std::vector<ParameterShape> flux_parameter_shapes(const FluxConfig& c) {
   const int64_t dim = c.inner_dim();

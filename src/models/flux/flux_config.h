@@ -39,6 +39,13 @@ struct FluxConfig {
 // proj_out; within a module, its own parameters in nn.Module order.
 std::vector<ParameterShape> flux_parameter_shapes(const FluxConfig& config);
 
+// --fp8-gemms (models/flux/fp8_gemm.h): whether the checkpoint tensor `name` of `shape` is a weight the blocks
+// hold in FP8 (e4m3, one byte an element, plus an fp32 scale per output row): the projections of the double and
+// single blocks whose sizes are multiples of 16. Planning sizes the converted blocks with it.
+bool flux_fp8_gemm_weight(const std::string& name, const std::vector<int64_t>& shape);
+// The bytes such a weight occupies once converted.
+int64_t flux_fp8_gemm_weight_bytes(const std::vector<int64_t>& shape);
+
 // The top-level module names in registration order, pos_embed (no parameters) included.
 std::vector<std::string> flux_top_level_modules();
 
