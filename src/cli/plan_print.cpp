@@ -133,7 +133,8 @@ void print_placement(const nlohmann::ordered_json& plan) {
   std::cout << "\n\ntransformer '" << plan["transformer"]["component"].get<std::string>() << "' ("
             << human_bytes(plan["transformer"]["total_bytes"].get<uint64_t>()) << ") with --device-map "
             << plan["transformer"]["device_map"].get<std::string>() << "\n";
-  if (plan.contains("block_weights")) std::cout << "block weights: " << plan["block_weights"].get<std::string>() << "\n";
+  if (plan.contains("block_weights"))
+    std::cout << "block weights: " << plan["block_weights"].get<std::string>() << "\n";
   if (plan.contains("fp8_converting_holdback_bytes"))
     std::cout << "each GPU keeps " << human_bytes(plan["fp8_converting_holdback_bytes"].get<uint64_t>())
               << " free for the block being converted to FP8 as it loads\n";
