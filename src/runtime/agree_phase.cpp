@@ -102,6 +102,7 @@ TransformerPlan plan_transformer(const pipeline::FluxPipeline& flux, const pipel
   const std::string config_path = flux.folder().component("transformer").path + "/config.json";
   const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
   out.hf_device_map = plan.at("hf_device_map");
+  if (plan.contains("block_weights")) out.block_weights = plan["block_weights"].get<std::string>();
   try {
     out.stages = placement::ring_stages(out.hf_device_map, config, world_size);
   } catch (const Error& e) {
@@ -252,6 +253,7 @@ void agree_phase(RunContext& run) {
         : str("; mesh ", shape.stages, " stage group(s) x ", shape.sequence_parallel, " sequence-parallel ranks (",
               request.max_sequence_length, " text and ", run.grid.tokens(), " image tokens split over each group)");
     DP_INFO("runtime: split ", run.plan.times_from);
+    if (!run.plan.block_weights.empty()) DP_INFO("runtime: blocks planned at ", run.plan.block_weights);
     DP_INFO("runtime: ring ", run.layout().describe(), mesh, "; hf_device_map ", run.plan.hf_device_map.dump());
     const char* source = run.components.from_map ? " (--pipeline-device-map balanced)" : " (the coordinator)";
     DP_INFO("phase encode: hf_device_map ", run.components.encode_map().dump(), source);

@@ -42,6 +42,7 @@ struct TransformerPlan {
   std::vector<placement::RankStage> stages;
   std::string digest;
   std::string times_from;  // which block times the split was planned from (calibrated FILE, FLOP-scaled), and why
+  std::string block_weights;  // --fp8-gemms: the sizes the blocks were planned at, and why; empty without the flag
 };
 
 struct RunContext {

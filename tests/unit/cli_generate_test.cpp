@@ -336,7 +336,9 @@ TEST(GenerateCommand, Fp8GemmsAreNamedInTheLogAndMoveTheLatentsALittle) {
   ASSERT_EQ(plain.result.exit_code, 0) << plain.result.output;
   ASSERT_EQ(fp8.result.exit_code, 0) << fp8.result.output;
   EXPECT_NE(fp8.result.output.find("run as FP8 GEMMs (--fp8-gemms)"), std::string::npos) << fp8.result.output;
+  EXPECT_NE(fp8.result.output.find("blocks planned at fp8"), std::string::npos) << fp8.result.output;
   EXPECT_EQ(plain.result.output.find("FP8"), std::string::npos) << plain.result.output;
+  EXPECT_EQ(plain.result.output.find("blocks planned at"), std::string::npos) << plain.result.output;
   const auto a = io::read_latents_hdf5(dir + "/bf16.h5"), b = io::read_latents_hdf5(dir + "/fp8.h5");
   ASSERT_EQ(a.values.size(), b.values.size());
   double difference = 0, norm = 0;
