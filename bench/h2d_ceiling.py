@@ -43,8 +43,10 @@ def page_cache_reads(path, total, threads, piece, to_device):
     lock = threading.Lock()
     fd = os.open(path, os.O_RDONLY)
 
-    def reader():
-        chunks = [torch.empty(piece, dtype=torch.uint8).pin_memory() for _ in range(2)]
+    # Pinned before the clock starts: pinning costs about 0.8 ms a megabyte, which is not a reading rate.
+    staging = [[torch.empty(piece, dtype=torch.uint8).pin_memory() for _ in range(2)] for _ in range(threads)]
+
+    def reader(chunks):
         views = [memoryview(chunk.numpy()) for chunk in chunks]
         done = [None, None]
         stream = torch.cuda.Stream() if to_device else None
@@ -69,7 +71,7 @@ def page_cache_reads(path, total, threads, piece, to_device):
             turn = 1 - turn
         torch.cuda.synchronize()
 
-    workers = [threading.Thread(target=reader) for _ in range(threads)]
+    workers = [threading.Thread(target=reader, args=(chunks,)) for chunks in staging]
     started = time.perf_counter()
     for worker in workers:
         worker.start()

@@ -140,8 +140,8 @@ struct Preference {
   }
 };
 
-// The heuristic's query and the matmul share these descriptors; they are rebuilt per call (microseconds, against
-// a GEMM of a millisecond).
+// The descriptors of one problem, shared by the heuristic's query and the matmul (microseconds to build, against a
+// GEMM of a millisecond).
 struct Descriptors {
   explicit Descriptors(const LinearProblem& p)
       : a(data_type(p.x.scalar_type()), p.x.size(1), p.weight.size(0), p.weight.stride(0)),
@@ -159,11 +159,8 @@ struct Descriptors {
   Layout a, b, d;
 };
 
-}  // namespace
-
-std::vector<cublasLtMatmulAlgo_t> candidate_algorithms(const LinearProblem& p, int count) {
-  if (!cublaslt().complete || count <= 0) return {};
-  const Descriptors desc(p);
+// The heuristic's first `count` choices for the problem `desc` describes.
+std::vector<cublasLtMatmulAlgo_t> query_heuristic(const LinearProblem& p, const Descriptors& desc, int count) {
   Preference preference;
   preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, at::cuda::getCUDABlasLtWorkspaceSize());
   preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(p.weight.const_data_ptr()));
@@ -183,9 +180,7 @@ std::vector<cublasLtMatmulAlgo_t> candidate_algorithms(const LinearProblem& p, i
   return algorithms;
 }
 
-void run(const LinearProblem& p, const cublasLtMatmulAlgo_t& algorithm) {
-  DP_CHECK(cublaslt().complete, "cuBLASLt matmul: LibTorch has not loaded cuBLASLt");
-  const Descriptors desc(p);
+void matmul(const LinearProblem& p, const Descriptors& desc, const cublasLtMatmulAlgo_t& algorithm) {
   const float alpha = 1.0F, beta = 0.0F;
   check(cublaslt().matmul(at::cuda::getCurrentCUDABlasLtHandle(), desc.operation.handle, &alpha,
                           p.weight.const_data_ptr(), desc.a.handle, p.x.const_data_ptr(), desc.b.handle, &beta,
@@ -195,11 +190,25 @@ void run(const LinearProblem& p, const cublasLtMatmulAlgo_t& algorithm) {
         "Matmul");
 }
 
+}  // namespace
+
+std::vector<cublasLtMatmulAlgo_t> candidate_algorithms(const LinearProblem& p, int count) {
+  if (!cublaslt().complete || count <= 0) return {};
+  return query_heuristic(p, Descriptors(p), count);
+}
+
+void run(const LinearProblem& p, const cublasLtMatmulAlgo_t& algorithm) {
+  DP_CHECK(cublaslt().complete, "cuBLASLt matmul: LibTorch has not loaded cuBLASLt");
+  matmul(p, Descriptors(p), algorithm);
+}
+
 bool run_with_heuristic(const LinearProblem& p) {
   if (p.x.size(0) == 0 || p.weight.size(0) == 0) return true;
-  const std::vector<cublasLtMatmulAlgo_t> first = candidate_algorithms(p, 1);
+  if (!cublaslt().complete) return false;
+  const Descriptors desc(p);  // one set for the query and the matmul: this runs on every GELU projection
+  const std::vector<cublasLtMatmulAlgo_t> first = query_heuristic(p, desc, 1);
   if (first.empty()) return false;
-  run(p, first.front());
+  matmul(p, desc, first.front());
   return true;
 }
 
