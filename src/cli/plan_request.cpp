@@ -94,6 +94,8 @@ nlohmann::ordered_json choose_plan_microbatch(const PlanOptions& o) {
   m.config = placement::read_transformer_config(r.model_dir);
   const auto tree = placement::flux_module_tree(m.config, r.dtype);
   m.tree = &tree;
+  const auto fp8_tree = placement::flux_module_tree(m.config, r.dtype, placement::BlockWeights::fp8_gemms);
+  if (r.fp8_gemms) m.fp8_tree = &fp8_tree;
   const int world = r.world_size ? *r.world_size : 0;
   if (r.max_memory) {
     m.max_memory = *r.max_memory;

@@ -138,6 +138,12 @@ std::vector<int> MaxMemory::gpu_indices() const {
   return out;
 }
 
+MaxMemory MaxMemory::less_on_gpus(int64_t bytes) const {
+  MaxMemory out;
+  for (const auto& [d, budget] : entries_) out.set(d, d.is_gpu() ? std::max<int64_t>(0, budget - bytes) : budget);
+  return out;
+}
+
 nlohmann::ordered_json MaxMemory::to_json() const {
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   for (const auto& [d, bytes] : entries_) out[to_string(d)] = bytes;

@@ -53,6 +53,9 @@ class MaxMemory {
   int64_t at(const Device& device) const;  // throws naming the device
   const std::vector<std::pair<Device, int64_t>>& entries() const { return entries_; }
   std::vector<int> gpu_indices() const;  // all GPU keys, sorted, budget 0 included
+  // Every GPU's budget less `bytes` (never below 0), for memory a run holds back from the weights; other
+  // devices keep theirs.
+  MaxMemory less_on_gpus(int64_t bytes) const;
   nlohmann::ordered_json to_json() const;
 
  private:

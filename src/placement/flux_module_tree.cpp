@@ -1,5 +1,6 @@
 #include "placement/flux_module_tree.h"
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 
@@ -184,6 +185,15 @@ ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIn
     DP_CHECK(weights.contains(name), weights.dir(), ": checkpoint has no tensor '", name,
              "' that config.json implies (", shape_text(shape), ")");
   return tree;
+}
+
+int64_t flux_largest_block_bytes(const models::FluxConfig& config, const ModuleTree& tree) {
+  int64_t largest = 0;
+  for (int64_t b = 0; b < config.num_layers; ++b)
+    largest = std::max(largest, tree.size_of("transformer_blocks." + std::to_string(b)));
+  for (int64_t b = 0; b < config.num_single_layers; ++b)
+    largest = std::max(largest, tree.size_of("single_transformer_blocks." + std::to_string(b)));
+  return largest;
 }
 
 }  // namespace dp::placement

@@ -29,4 +29,8 @@ ModuleTree flux_module_tree(const models::FluxConfig& config, io::DType run_dtyp
 ModuleTree flux_module_tree(const models::FluxConfig& config, const io::WeightIndex& weights, io::DType run_dtype,
                             BlockWeights blocks = BlockWeights::run_dtype);
 
+// The largest block's bytes in `tree` (0 without blocks). Under --fp8-gemms a block is read at the run dtype and
+// converted in place, so each GPU keeps this much of a run-dtype tree free for the conversion.
+int64_t flux_largest_block_bytes(const models::FluxConfig& config, const ModuleTree& tree);
+
 }  // namespace dp::placement

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "placement/flux_module_tree.h"
 #include "placement/ring_stages.h"
 
 namespace dp::placement {
@@ -57,6 +58,14 @@ nlohmann::ordered_json map_json(const DeviceMap& map) {
   return out;
 }
 
+// The "pipeline" split of one candidate, at FP8 block sizes when the request has them, as make_plan plans the run.
+PipelinePlacement plan_candidate(const MicrobatchRequest& r, const TimingModel& timing) {
+  if (r.fp8_tree == nullptr) return plan_pipeline(r.config, *r.tree, r.max_memory, timing, r.dtype, r.cuda_caps);
+  const MaxMemory budgets =
+      r.cuda_caps ? r.max_memory.less_on_gpus(flux_largest_block_bytes(r.config, *r.tree)) : r.max_memory;
+  return plan_pipeline(r.config, *r.fp8_tree, budgets, timing, r.dtype, r.cuda_caps);
+}
+
 MicrobatchCandidate simulate_candidate(const MicrobatchRequest& r, int64_t m) {
   MicrobatchCandidate c;
   c.size = m;
@@ -81,7 +90,7 @@ MicrobatchCandidate simulate_candidate(const MicrobatchRequest& r, int64_t m) {
   }
   PipelinePlacement placed;
   try {
-    placed = plan_pipeline(r.config, *r.tree, r.max_memory, timing, r.dtype, r.cuda_caps);
+    placed = plan_candidate(r, timing);
   } catch (const Error& e) {
     c.why_not = e.what();
     return c;

@@ -37,7 +37,11 @@ EfficiencyCurve efficiency_curve(const std::vector<CalibrationEntry>& entries, c
 
 struct MicrobatchRequest {
   models::FluxConfig config;
-  const ModuleTree* tree = nullptr;
+  const ModuleTree* tree = nullptr;  // sized at the run dtype
+  // --fp8-gemms: the same tree with the blocks' projections at FP8 sizes (BlockWeights::fp8_gemms). Candidates
+  // are planned at these sizes, as make_plan plans the run (under CUDA caps each GPU keeps `tree`'s largest
+  // block free for the conversion).
+  const ModuleTree* fp8_tree = nullptr;
   MaxMemory max_memory;  // the GPUs of the world (stage groups) with their budgets
   TimingModel timing;    // height, width, text tokens; batch and calibrated are set per candidate
   io::DType dtype = io::DType::BF16;

@@ -140,16 +140,6 @@ nlohmann::ordered_json devices_json(const MaxMemory& user, const MaxMemory& caps
   return out;
 }
 
-// The largest block's bytes in `tree` (0 without blocks).
-int64_t largest_block_bytes(const models::FluxConfig& config, const ModuleTree& tree) {
-  int64_t largest = 0;
-  for (int64_t b = 0; b < config.num_layers; ++b)
-    largest = std::max(largest, tree.size_of("transformer_blocks." + std::to_string(b)));
-  for (int64_t b = 0; b < config.num_single_layers; ++b)
-    largest = std::max(largest, tree.size_of("single_transformer_blocks." + std::to_string(b)));
-  return largest;
-}
-
 bool offloads(const DeviceMap& map) {
   return std::any_of(map.begin(), map.end(), [](const auto& entry) { return entry.second.offloaded(); });
 }
@@ -196,11 +186,8 @@ nlohmann::ordered_json make_plan_sized(const PlanRequest& request, BlockWeights 
   const auto units = flux_timed_units(t.config, t.tree, request.timing);
   if (blocks == BlockWeights::fp8_gemms && request.cuda_caps) {
     // A block is read at the run dtype and converted in place of itself: keep one such block free on each GPU.
-    const int64_t converting = largest_block_bytes(t.config, flux_module_tree(t.config, request.dtype));
-    MaxMemory less_converting;
-    for (const auto& [device, bytes] : max_memory.entries())
-      less_converting.set(device, device.is_gpu() ? std::max<int64_t>(0, bytes - converting) : bytes);
-    max_memory = less_converting;
+    const int64_t converting = flux_largest_block_bytes(t.config, flux_module_tree(t.config, request.dtype));
+    max_memory = max_memory.less_on_gpus(converting);
     plan["fp8_converting_holdback_bytes"] = converting;
   }
 
@@ -216,9 +203,7 @@ nlohmann::ordered_json make_plan_sized(const PlanRequest& request, BlockWeights 
     MaxMemory weight_budgets = max_memory;
     if (request.cuda_caps) {
       const int64_t holdback = runtime_holdback_bytes(t.config, units, request.timing, request.dtype, world);
-      weight_budgets = MaxMemory();
-      for (const auto& [device, bytes] : max_memory.entries())
-        weight_budgets.set(device, device.is_gpu() ? std::max<int64_t>(0, bytes - holdback) : bytes);
+      weight_budgets = max_memory.less_on_gpus(holdback);
       transformer["runtime_holdback_bytes"] = holdback;
     }
     const auto placed = place_with_strategy(t.tree, strategy, weight_budgets, user_set);

@@ -271,5 +271,52 @@ TEST(PlacementMicrobatch, MemoryCapsRuleOutLargeMicrobatches) {
   EXPECT_NE(choice.reason.find("does not fit"), std::string::npos) << choice.reason;
 }
 
+// --fp8-gemms: candidates are planned at FP8 block sizes, as the run is (15.2 GB of FLUX.1-dev's blocks against
+// 23.8 GB in bf16), and under CUDA caps each GPU keeps a bf16 block free for the conversion.
+TEST(PlacementMicrobatch, Fp8BlockSizesFitWhereBf16DoesNotWithTheConversionHeldBack) {
+  const auto config = models::FluxConfig::flux_dev();
+  const ModuleTree tree = flux_module_tree(config, io::DType::BF16);
+  const ModuleTree fp8_tree = flux_module_tree(config, io::DType::BF16, BlockWeights::fp8_gemms);
+  MicrobatchRequest r;
+  r.config = config;
+  r.tree = &tree;
+  r.cuda_caps = true;
+  r.timing.height = 1024;
+  r.timing.width = 1024;
+  r.images = 4;
+  r.curve = curve_of({{1, 1.0}, {4, 1.0}}, "flat");
+  const auto fits = [&](int64_t cap) {
+    r.max_memory = MaxMemory();
+    r.max_memory.set(Device::gpu(0), cap);
+    try {
+      return choose_microbatch(r).candidates.front().fits;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no microbatch size fits"), std::string::npos) << e.what();
+      return false;
+    }
+  };
+  EXPECT_FALSE(fits(20'000'000'000));
+  r.fp8_tree = &fp8_tree;
+  EXPECT_TRUE(fits(20'000'000'000));
+
+  // The smallest cap (to 50 MB) at which one GPU holds the FP8 blocks with no conversion held back ...
+  int64_t smallest = 0;
+  for (int64_t cap = 15'000'000'000; cap <= 20'000'000'000 && smallest == 0; cap += 50'000'000) {
+    MaxMemory one_gpu;
+    one_gpu.set(Device::gpu(0), cap);
+    try {
+      plan_pipeline(config, fp8_tree, one_gpu, r.timing, io::DType::BF16, true);
+      smallest = cap;
+    } catch (const Error&) {
+    }
+  }
+  ASSERT_GT(smallest, 0);
+  // ... is too small for the choice, which also keeps the largest bf16 block (a double block) free.
+  const int64_t holdback = flux_largest_block_bytes(config, tree);
+  EXPECT_EQ(holdback, 679'662'592);
+  EXPECT_FALSE(fits(smallest + holdback / 2));
+  EXPECT_TRUE(fits(smallest + holdback));
+}
+
 }  // namespace
 }  // namespace dp::placement

@@ -404,6 +404,15 @@ TEST(PlacementFp8, BlocksSizedAsFp8ShareAGpuUnlessThePlanOffloads) {
 
   const auto capped = plan(two_gpus + " --fp8-gemms --cuda-caps");
   EXPECT_EQ(capped["fp8_converting_holdback_bytes"].get<int64_t>(), 679'662'592) << "one bf16 double block";
+
+  // The microbatch choice (--simulate --prompts without a size) plans its candidates at the same sizes: one
+  // 20 GB GPU holds the FP8 blocks, where in bf16 no size fits and plan says so.
+  const std::string one_gpu = "--device-map pipeline --max-memory 0=20GB --cuda-caps --simulate --prompts 4";
+  const auto chosen = plan(one_gpu + " --fp8-gemms");
+  EXPECT_TRUE(chosen["microbatch_choice"]["candidates"][0]["fits"].get<bool>()) << chosen["microbatch_choice"];
+  const auto refused = dp::test::run_command(dp::test::diffpipe_binary() + " plan --model " + model + " " + one_gpu);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("no microbatch size fits"), std::string::npos) << refused.output;
 }
 
 // "pipeline" against "balanced" for FLUX.1-dev on N H200s (141 GB each), at 1024x1024.
