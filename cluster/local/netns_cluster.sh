@@ -12,6 +12,7 @@
 #   netns_link HOST up|down          plugs or pulls HOST's cable (its veth end on the switch)
 #   netns_pids HOST                  PIDs of the processes in HOST's network namespace
 #   netns_cluster_down               kills what runs in the namespaces, deletes them; safe to call twice
+#   netns_test_verdict PREFIX TMP    a test's last line: fails on what its teardown left or on $failures
 # Names and subnets come from the caller so that tests running at the same time do not collide.
 
 netns_prefix="" netns_subnet="" netns_hosts=0 netns_dir=""
@@ -89,4 +90,24 @@ netns_cluster_down() {
     ip netns del "$ns" 2>/dev/null || true
   done
   netns_prefix=""
+}
+
+# The end of a cluster test, after the caller's cleanup. What the teardown left counts as one more failure:
+# namespaces named PREFIX..., the temp dir TMP, processes with TMP on their command line (every rank, daemon and
+# agent of a run has the temp dir, or the model in it, there). Exits 1 when the caller's $failures is above 0;
+# says so through the caller's say.
+netns_test_verdict() {
+  local prefix=$1 tmp=$2 leaks=""
+  ip netns list | grep -q "^$prefix" && leaks+=" namespaces"
+  [ -e "$tmp" ] && leaks+=" $tmp"
+  pgrep -f "$tmp" >/dev/null 2>&1 && leaks+=" processes: $(pgrep -af "$tmp" | head -3)"
+  if [ -n "$leaks" ]; then
+    say "FAIL teardown left:$leaks"
+    failures=$((failures + 1))
+  fi
+  if [ "$failures" -gt 0 ]; then
+    say "$failures case(s) failed"
+    exit 1
+  fi
+  say "all cases passed"
 }

@@ -215,17 +215,4 @@ case_pulled_link
 
 cleanup
 trap - EXIT
-leaks=""
-ip netns list | grep -q "^$prefix" && leaks+=" namespaces"
-[ -e "$tmp" ] && leaks+=" $tmp"
-# Every rank, daemon and agent of this run has the temp dir or the model in it on its command line.
-pgrep -f "$tmp" >/dev/null 2>&1 && leaks+=" processes: $(pgrep -af "$tmp" | head -3)"
-if [ -n "$leaks" ]; then
-  say "FAIL teardown left:$leaks"
-  failures=$((failures + 1))
-fi
-if [ "$failures" -gt 0 ]; then
-  say "$failures case(s) failed"
-  exit 1
-fi
-say "all cases passed"
+netns_test_verdict "$prefix" "$tmp"
