@@ -108,15 +108,8 @@ void ClipTokenizer::read_vocab(const nlohmann::json& vocab, const std::string& p
 
 std::vector<std::pair<std::string, std::string>> ClipTokenizer::read_tokenizer_json(const std::string& path) {
   const nlohmann::json doc = files::read_object(path);
-  const nlohmann::json* model = files::member(doc, "model");
-  DP_CHECK(model != nullptr, path, ": missing field 'model'");
-  files::as_object(*model, path, "model");
-  const nlohmann::json* type = files::member(*model, "type");
-  DP_CHECK(type != nullptr && type->is_string() && type->get_ref<const std::string&>() == "BPE", path,
-           ": expected a BPE model, model.type is ", type == nullptr ? "missing" : files::describe(*type));
-  const nlohmann::json* vocab = files::member(*model, "vocab");
-  DP_CHECK(vocab != nullptr, path, ": missing field 'model.vocab'");
-  read_vocab(*vocab, path, "model.vocab");
+  const nlohmann::json& model = files::tokenizer_model(doc, path, "BPE");
+  read_vocab(*files::member(model, "vocab"), path, "model.vocab");
 
   if (const nlohmann::json* added_tokens = files::member(doc, "added_tokens")) {
     files::as_array(*added_tokens, path, "added_tokens");
@@ -133,7 +126,7 @@ std::vector<std::pair<std::string, std::string>> ClipTokenizer::read_tokenizer_j
   }
 
   std::vector<std::pair<std::string, std::string>> merges;
-  const nlohmann::json* merge_list = files::member(*model, "merges");
+  const nlohmann::json* merge_list = files::member(model, "merges");
   DP_CHECK(merge_list != nullptr, path, ": missing field 'model.merges'");
   files::as_array(*merge_list, path, "model.merges");
   for (size_t i = 0; i < merge_list->size(); ++i) {

@@ -52,14 +52,8 @@ T5Tokenizer T5Tokenizer::from_folder(const std::string& folder) {
 
 void T5Tokenizer::read_tokenizer_json(const std::string& path) {
   const nlohmann::json doc = files::read_object(path);
-  const nlohmann::json* model = files::member(doc, "model");
-  DP_CHECK(model != nullptr, path, ": missing field 'model'");
-  files::as_object(*model, path, "model");
-  const nlohmann::json* type = files::member(*model, "type");
-  DP_CHECK(type != nullptr && type->is_string() && type->get_ref<const std::string&>() == "Unigram", path,
-           ": expected a Unigram model for T5, model.type is ", type == nullptr ? "missing" : files::describe(*type));
-  const nlohmann::json* vocab = files::member(*model, "vocab");
-  DP_CHECK(vocab != nullptr, path, ": missing field 'model.vocab'");
+  const nlohmann::json& model = files::tokenizer_model(doc, path, "Unigram", " for T5");
+  const nlohmann::json* vocab = files::member(model, "vocab");
   files::as_array(*vocab, path, "model.vocab");
   pieces_.reserve(vocab->size());
   for (size_t i = 0; i < vocab->size(); ++i) {

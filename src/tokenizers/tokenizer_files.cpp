@@ -50,6 +50,18 @@ const nlohmann::json* member(const nlohmann::json& object, const std::string& ke
   return it == object.end() || it->is_null() ? nullptr : &*it;
 }
 
+const nlohmann::json& tokenizer_model(const nlohmann::json& doc, const std::string& path, const std::string& type,
+                                      const std::string& for_whom) {
+  const nlohmann::json* model = member(doc, "model");
+  DP_CHECK(model != nullptr, path, ": missing field 'model'");
+  as_object(*model, path, "model");
+  const nlohmann::json* found = member(*model, "type");
+  DP_CHECK(found != nullptr && found->is_string() && found->get_ref<const std::string&>() == type, path,
+           ": expected a ", type, " model", for_whom, ", model.type is ", found == nullptr ? "missing" : describe(*found));
+  DP_CHECK(member(*model, "vocab") != nullptr, path, ": missing field 'model.vocab'");
+  return *model;
+}
+
 const std::string& as_string(const nlohmann::json& value, const std::string& path, const std::string& field) {
   DP_CHECK(value.is_string(), path, ": ", field, " must be a string, got ", describe(value));
   return value.get_ref<const std::string&>();

@@ -32,6 +32,10 @@ std::string quoted(const std::string& text);
 // The member `key` of `object`, or nullptr when it is absent or null. `object` must be an object.
 const nlohmann::json* member(const nlohmann::json& object, const std::string& key);
 
+// tokenizer.json's "model" object, whose "type" must be `type` (BPE, Unigram) and which must have a "vocab";
+// `for_whom` ends the type's message (" for T5").
+const nlohmann::json& tokenizer_model(const nlohmann::json& doc, const std::string& path, const std::string& type,
+                                      const std::string& for_whom = "");
 // Typed views of a value; `field` names it in messages (e.g. "added_tokens[3].id").
 const std::string& as_string(const nlohmann::json& value, const std::string& path, const std::string& field);
 const std::string& as_nonempty_string(const nlohmann::json& value, const std::string& path,
