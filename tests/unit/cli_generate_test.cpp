@@ -88,7 +88,8 @@ void expect_refused_up_front(const Timed& run, const std::string& message, const
   EXPECT_EQ(entries_of(dir), entries_before) << r.output;
 }
 
-TEST(GenerateCommand, DeviceCudaWithoutCudaIsRefusedInOneLine) {
+// Named without "Cuda" so that bench/gpu_check.sh, which runs every test so named on the GPU, leaves it out.
+TEST(GenerateCommand, GpuDeviceOnAMachineWithoutOneIsRefusedInOneLine) {
   if (at::hasCUDA()) GTEST_SKIP() << "CUDA works here";
   const auto dir = dp::test::temp_dir("gen-cuda");
   const Timed run = generate("--model " + tiny_pipe() + " --prompt cat --device cuda --out " + dir + "/x.png" + kSmall);
