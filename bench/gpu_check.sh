@@ -18,6 +18,8 @@
 #                       every run logs transport nccl and NCCL 2.30.7
 #   nccl-killed-rank    rank 2 of 3 SIGKILLed at step 1 under nccl: the job ends non-zero within the transport
 #                       timeout, a failure line written after the kill names rank 2, no output file is left
+#   cuda-refusal        tiny pipeline on CUDA refused after the device opened (a cap that holds nothing): exit 3,
+#                       the reason said, no image (not a crash in LibTorch's and CUDA's teardown)
 #   offload-np1, -np2   tiny pipeline on CUDA under a map that offloads blocks to cpu and disk
 #                       (tests/mpi/mpi_generate_test.py's offload_map): every rank that holds offloaded blocks
 #                       streams them (logs its copies) and the latents are bit-identical to every block resident
@@ -211,6 +213,25 @@ count_cuda() {
   [ "$passed_cuda_tests" -ge "$min_cuda_tests" ] || fail "only $passed_cuda_tests CUDA tests passed, at least $min_cuda_tests expected"
 }
 run_check cuda-count 1 count_cuda
+
+# An input error found after the device has opened (here the microbatch choice under a cap that holds nothing)
+# ends with the status of an input error, 3, and says why; the process ends without LibTorch's and CUDA's
+# teardown (cli/command.h, end_after_command_error), which once crashed it (exit 139) on an H100.
+refused_on_cuda() {
+  local code=0
+  bounded "$bin" generate --model "$tiny" --prompt "a cat" --device cuda --steps 2 --microbatch-size 0 \
+    --max-memory 0=100MB --out "$work/refused.png" > "$work/refused.log" 2>&1 || code=$?
+  tail -3 "$work/refused.log" | cut -c1-300
+  [ "$code" = 3 ] || fail "exit $code, expected 3 (an input error)"
+  grep -q "error: no microbatch size fits" "$work/refused.log" || fail "not refused by the microbatch choice"
+  [ ! -e "$work/refused.png" ] || fail "an image was written"
+  echo "NOTE: refused after the device opened: exit 3, the reason said, no image"
+}
+if [ "$build_ok" = 1 ] && [ -f "$tiny/model_index.json" ]; then
+  run_check cuda-refusal 20 refused_on_cuda
+else
+  not_run cuda-refusal "needs the build and make-tiny's folder"
+fi
 
 # ---- the oracle at full size ----
 full_size_oracle() {

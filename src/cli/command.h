@@ -43,6 +43,12 @@ inline constexpr const char* kCalibrateSummary =
 // Exit code a command callback asks main to return (0 unless the command sets it).
 int& command_exit_code();
 
+// Set by a command whose process holds LibTorch and CUDA state once it runs (generate). main() calls it with the
+// exit status after printing the command's error, so that a failed run ends as a successful one does (MPI
+// finalised, output flushed, _Exit) and not through LibTorch's and CUDA's static destructors, which crashed an
+// H100 run refused by its memory caps (exit 139 instead of 3: a background thread was still pinning memory).
+std::function<void(int)>& end_after_command_error();
+
 // The text `diffpipe --version` prints. diffpipe-torch sets it (the runtime's libraries: LibTorch, CUDA, NCCL,
 // MPI); the front, which links none of them, hands --version to diffpipe-torch.
 std::function<std::string()>& version_text();

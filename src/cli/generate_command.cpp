@@ -363,12 +363,14 @@ CommandRegistrar registrar("generate", 10, [](CLI::App& root) {
     }
     // MPI starts before anything is checked, so that a bad input on any rank ends every rank with a message.
     const auto& world = runtime::World::init(nullptr, nullptr);
+    // A single process's error reaches main(), which prints it and then ends the process here too.
+    end_after_command_error() = [](int code) { runtime::World::end_process(code); };
     world.run_guarded([&] {
       check_world_size(*o, world);
       run_reporting_torch_errors([&] { generate_on_this_rank(*o); });
     });
     // The images, latents, checkpoints and reports are closed on disk: the teardown is not the user's wait.
-    runtime::World::end_process_after_success(command_exit_code());
+    runtime::World::end_process(command_exit_code());
   });
 });
 

@@ -29,6 +29,11 @@ int& command_exit_code() {
   return code;
 }
 
+std::function<void(int)>& end_after_command_error() {
+  static std::function<void(int)> end;
+  return end;
+}
+
 std::function<std::string()>& version_text() {
   static std::function<std::string()> text;
   return text;
@@ -145,6 +150,12 @@ std::string torch_binary_path() {
   return (dir / "diffpipe-torch").string();
 }
 
+// A command's error, printed: the command's own ending when it set one (end_after_command_error), else `code`.
+int end_after_error(int code) {
+  if (const auto& end = end_after_command_error()) end(code);
+  return code;
+}
+
 [[noreturn]] void exec_torch_binary(const std::string& command, char** argv) {
   const std::string path = torch_binary_path();
   ::execv(path.c_str(), argv);
@@ -213,13 +224,13 @@ int main(int argc, char** argv) {
     return dp::cli::report_parse_error(app, e, named, argc, argv);
   } catch (const dp::UsageError& e) {
     std::cerr << "diffpipe: error: " << e.what() << "\n";
-    return dp::kExitUsageError;
+    return dp::cli::end_after_error(dp::kExitUsageError);
   } catch (const std::bad_alloc&) {
     std::cerr << "diffpipe: error: out of memory (std::bad_alloc); a smaller request (size, batch, dtype) may fit\n";
-    return dp::failure_exit_code();
+    return dp::cli::end_after_error(dp::failure_exit_code());
   } catch (const std::exception& e) {
     std::cerr << "diffpipe: error: " << e.what() << "\n";
-    return dp::failure_exit_code();
+    return dp::cli::end_after_error(dp::failure_exit_code());
   }
   return dp::cli::command_exit_code();
 }

@@ -19,7 +19,7 @@ Level parse_level(const std::string& name);  // throws dp::Error naming the bad 
 void set_rank(int rank);
 void write(Level level, const std::string& message);
 // Reports a stall that no later line ended, as the sink does when it is destroyed at exit: for a process that
-// ends without running destructors (runtime::World::end_process_after_success).
+// ends without running destructors (runtime::World::end_process).
 void finish();
 bool enabled(Level level);
 

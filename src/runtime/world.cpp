@@ -307,7 +307,7 @@ void World::abort(int code) const {
   std::_Exit(code);
 }
 
-void World::end_process_after_success(int code) {
+void World::end_process(int code) {
   const char* full = std::getenv("DIFFPIPE_FULL_TEARDOWN");
   if (full != nullptr && std::string(full) == "1") return;
   g_world.reset();  // MPI_Finalize, when MPI runs

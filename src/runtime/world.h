@@ -52,12 +52,13 @@ class World {
 
   // Ends the whole job now (MPI_Abort when MPI runs, _exit otherwise).
   [[noreturn]] void abort(int code) const;
-  // Ends this process once its command has succeeded and closed every file it writes: MPI finalised (mpirun
-  // then sees a clean end), stdout and stderr flushed, then _Exit(code), skipping the destructors and exit
-  // handlers of LibTorch, CUDA and their caching allocators, whose teardown of a run's memory is time the user
-  // waits for (bench/RESULTS.md). With DIFFPIPE_FULL_TEARDOWN=1 in the environment it returns instead, and the
-  // process ends the usual way (for tools that inspect the teardown, such as leak checkers).
-  static void end_process_after_success(int code);
+  // Ends this process once its command has ended, closed every file it writes, and, after an error, said why:
+  // MPI finalised (mpirun then sees a clean end), stdout and stderr flushed, then _Exit(code), skipping the
+  // destructors and exit handlers of LibTorch, CUDA and their caching allocators. After a success their teardown
+  // is time the user waits for (bench/RESULTS.md); after an error it may run while a background thread still uses
+  // CUDA, and crash. With DIFFPIPE_FULL_TEARDOWN=1 in the environment it returns instead, and the process ends the
+  // usual way (for tools that inspect the teardown, such as leak checkers).
+  static void end_process(int code);
 
  private:
   World() = default;
