@@ -94,10 +94,20 @@ finish_job() {
   wait "$pid"; job_rc=$?
 }
 
+# The device's copy of the working tree may carry an older .git than its files, so HEAD alone can name code that
+# did not run: the id says how many tracked files differ from it, and a caller may pass its own (SOURCE_ID).
+source_id() {
+  if [ -n "${SOURCE_ID:-}" ]; then echo "$SOURCE_ID"; return; fi
+  local head changed
+  head=$(git -C "$here" rev-parse --short HEAD 2>/dev/null) || { echo '?'; return; }
+  changed=$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+  if [ "$changed" -eq 0 ]; then echo "git $head"; else echo "git $head with $changed tracked files changed"; fi
+}
+
 summary() {
   local row name result seconds note failures=0
   echo
-  echo "== bench/gpu_check.sh: $(( $(date +%s) - started )) s; git $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "== bench/gpu_check.sh: $(( $(date +%s) - started )) s; source $(source_id)"
   printf '%-26s %-8s %6s  %s\n' CHECK RESULT SECONDS NOTE
   for row in "${rows[@]}"; do
     IFS='|' read -r name result seconds note <<< "$row"
