@@ -9,6 +9,7 @@ namespace dp::models {
 at::Tensor ModuleWeights::get(const std::string& name) const { return get(name, dtype_); }
 
 at::Tensor ModuleWeights::get(const std::string& name, at::ScalarType dtype) const {
+  if (zeros_) return at::zeros(index_->info(key(name)).shape, at::TensorOptions().dtype(dtype).device(device_));
   if (loaded_) {
     at::Tensor tensor = loaded_->take(key(name), dtype);
     if (tensor.defined()) return tensor;
@@ -18,7 +19,7 @@ at::Tensor ModuleWeights::get(const std::string& name, at::ScalarType dtype) con
 
 ModuleWeights ModuleWeights::read_ahead(const std::function<bool(const std::string&)>& wanted) const {
   const io::LoadPolicy policy = io::load_policy();
-  if (!policy.read_ahead) return *this;
+  if (!policy.read_ahead || zeros_) return *this;
   std::vector<std::string> names;
   for (const auto& name : index_->names()) {
     if (!prefix_.empty() && name.compare(0, prefix_.size() + 1, prefix_ + ".") != 0) continue;

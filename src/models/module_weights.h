@@ -43,6 +43,13 @@ class ModuleWeights {
     out.dtype_ = dtype;
     return out;
   }
+  // The same scope giving zeros of each tensor's stored shape, in the asked dtype on the device, and reading
+  // nothing: a model of the checkpoint's shapes whose kernels can be warmed up while the real weights stream.
+  ModuleWeights with_zeros() const {
+    ModuleWeights out = without_read_ahead();
+    out.zeros_ = true;
+    return out;
+  }
   // The same scope whose Linears get `lora`'s adapters when they load (null: none).
   ModuleWeights with_lora(std::shared_ptr<const LoraBinding> lora) const {
     ModuleWeights out = *this;
@@ -73,6 +80,7 @@ class ModuleWeights {
   std::string prefix_;
   std::shared_ptr<const LoraBinding> lora_;
   std::shared_ptr<io::LoadedTensors> loaded_;  // read ahead, null when reading one by one
+  bool zeros_ = false;                         // with_zeros()
 };
 
 // y = x W^T + b, the nn.Linear convention; `bias` may be undefined. With unfused LoRA adapters (models/lora.h)

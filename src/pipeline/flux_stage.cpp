@@ -67,7 +67,8 @@ uint64_t FluxStage::device_weight_bytes(const std::string& transformer_dir, int6
 FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
                      at::Device device, const LatentGrid& grid, int64_t text_tokens,
                      const std::map<int64_t, models::OffloadedWeights>& offloaded,
-                     models::flux::SequenceShard shard, std::shared_ptr<const models::LoraSet> lora)
+                     models::flux::SequenceShard shard, std::shared_ptr<const models::LoraSet> lora,
+                     models::WeightSource source)
     : shard_(std::move(shard)) {
   c10::InferenceMode guard;
   const auto config = read_flux_config(transformer_dir);
@@ -81,7 +82,7 @@ FluxStage::FluxStage(const std::string& transformer_dir, int64_t first_block, in
       return models::flux_module_is_embedder(m.module) ? parts.embedders : parts.head;
     });
   }
-  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts, std::move(lora));
+  model_ = models::FluxTransformer::load(std::move(weights), config, dtype, device, parts, std::move(lora), source);
   if (shard_.text_counts.empty()) shard_ = {0, {text_tokens}, {grid.tokens()}, nullptr};
   shard_.check();
   DP_CHECK(shard_.text_tokens() == text_tokens && shard_.image_tokens() == grid.tokens(), "a sequence shard of ",

@@ -32,10 +32,12 @@ class FluxStage {
   // sequence. Its exchange must outlive the stage.
   // `lora`: the run's adapters; this piece reads (and first checks for non-finite values) only the factors of
   // the modules it holds.
+  // `source` zeros: nothing is read but the headers, every tensor is zero (a piece to warm up with, see warm_up).
   FluxStage(const std::string& transformer_dir, int64_t first_block, int64_t last_block, at::ScalarType dtype,
             at::Device device, const LatentGrid& grid, int64_t text_tokens,
             const std::map<int64_t, models::OffloadedWeights>& offloaded = {},
-            models::flux::SequenceShard shard = {}, std::shared_ptr<const models::LoraSet> lora = nullptr);
+            models::flux::SequenceShard shard = {}, std::shared_ptr<const models::LoraSet> lora = nullptr,
+            models::WeightSource source = models::WeightSource::checkpoint);
 
   bool is_first() const { return model_.parts().embedders; }
   bool is_last() const { return model_.parts().head; }

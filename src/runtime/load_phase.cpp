@@ -110,19 +110,21 @@ bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage&
   return run.options.warm_up && run.options.max_memory.empty() && mine.offloaded.empty() && !run.request.lora;
 }
 
-// The staged load with the warm-up beside it. The warm-up needs blocks with weights, and the loop's thread (cuDNN
-// builds its attention graphs per thread): the first and the last of this rank's blocks are read apart first
-// (with the embedders and the head when the rank holds them, so every GEMM shape of a step is among them), then
-// a helper thread reads the whole range while this thread runs the two samples, which the helper's reading
-// leaves time for (0.8 s for 23.8 GB against 0.14 s of warm-up on an H100). One load at a time: two at once read
-// slower than one after the other (start_load_overlap's measurement).
+// Zeros of the shapes of this rank's blocks [first, last) (with the embedders or the head when the range starts or
+// ends the model), made from the headers alone: what the warm-up needs is the run's shapes, not the weights.
+std::shared_ptr<pipeline::FluxStage> zero_blocks(const RunContext& run, int64_t first, int64_t last) {
+  return std::make_shared<pipeline::FluxStage>(run.transformer_dir, first, last, run.request.dtype, run.device, run.grid,
+                                               run.request.max_sequence_length,
+                                               std::map<int64_t, models::OffloadedWeights>{}, sequence_shard(run),
+                                               nullptr, models::WeightSource::zeros);
+}
+
+// The staged load with the warm-up beside it: a helper thread reads the rank's blocks while this thread, the
+// loop's (cuDNN builds its attention graphs per thread), warms up zero-weight copies of its first and last
+// blocks, with the embedders and the head when the rank holds them, so that every GEMM shape of a step is among
+// them. The copies (1.2 GB for the whole FLUX.1-dev) are freed before the loop. Before, the two blocks were read
+// from the files first, which cost what the overlap saved (0.06 s on an H100, bench/RESULTS.md, 2026-12-05).
 LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankStage& mine) {
-  const auto sampling_started = std::chrono::steady_clock::now();
-  std::vector<std::shared_ptr<pipeline::FluxStage>> samples{
-      read_blocks(run, mine, mine.first_block, mine.first_block + 1, false)};
-  if (mine.last_block - 1 > mine.first_block)
-    samples.push_back(read_blocks(run, mine, mine.last_block - 1, mine.last_block, false));
-  const double sampling = std::chrono::duration<double>(std::chrono::steady_clock::now() - sampling_started).count();
   LoadedStage loaded;
   const auto started = std::chrono::steady_clock::now();
   auto reading = std::async(std::launch::async, [&] {
@@ -133,15 +135,16 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
                             [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
   });
   try {
+    std::vector<std::shared_ptr<pipeline::FluxStage>> samples{
+        zero_blocks(run, mine.first_block, mine.first_block + 1)};
+    if (mine.last_block - 1 > mine.first_block) samples.push_back(zero_blocks(run, mine.last_block - 1, mine.last_block));
     std::vector<const pipeline::FluxStage*> sampled;
     for (const auto& sample : samples) sampled.push_back(sample.get());
-    warm_up(run, sampled, str(" on the loop's thread while the blocks loaded (the sample blocks read apart first in ",
-                              human_seconds(sampling), ")"));
+    warm_up(run, sampled, " on the loop's thread while the blocks loaded (zero-weight copies of the first and last)");
   } catch (...) {
     reading.wait();  // the helper reads through references to this frame
     throw;
   }
-  samples.clear();  // their memory goes back to the allocator before the loop takes its activations
   loaded.stage = reading.get();
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();

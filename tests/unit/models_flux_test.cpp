@@ -301,6 +301,34 @@ TEST(FluxTransformer, PlannedFp8BlockSizesAreWhatTheConvertedBlocksHold) {
   }
 }
 
+// The warm-up beside the load (runtime/load_phase.cpp) runs blocks built of zeros from the headers alone: the
+// checkpoint's shapes, nothing read, every output zero; in FP8 too, where a zero weight's scale must stay finite.
+TEST(FluxTransformer, ZeroWeightsTakeTheCheckpointsShapesAndReadNothing) {
+  c10::InferenceMode guard;
+  const OracleCase c = load_case("dev_like");
+  const std::string config_path = c.transformer_dir + "/config.json";
+  const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
+  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(c.transformer_dir));
+  const at::Tensor real = FluxTransformer::load(weights, config, at::kFloat, at::kCPU).forward(c.inputs);
+  ASSERT_GT(real.abs().max().item<float>(), 0.0F);
+  for (const bool fp8 : {false, true}) {
+    flux::set_fp8_gemms_enabled(fp8);
+    const size_t loads_before = io::load_history().size();
+    const at::ScalarType dtype = fp8 ? at::kBFloat16 : at::kFloat;
+    const auto zeros = FluxTransformer::load(weights, config, dtype, at::kCPU, FluxParts::all(), nullptr,
+                                             WeightSource::zeros);
+    flux::set_fp8_gemms_enabled(false);
+    EXPECT_EQ(io::load_history().size(), loads_before) << "fp8 " << fp8 << ": a load read the files";
+    const at::Tensor out = zeros.forward(cast_inputs(c.inputs, dtype));
+    EXPECT_EQ(out.sizes(), real.sizes()) << "fp8 " << fp8;
+    EXPECT_TRUE(at::equal(out, at::zeros_like(out))) << "fp8 " << fp8 << ": zero weights gave a nonzero output";
+  }
+  FluxParts offloading = FluxParts::all();
+  offloading.offloaded[1] = OffloadedWeights::pinned_host;
+  EXPECT_THROW(FluxTransformer::load(weights, config, at::kFloat, at::kCPU, offloading, nullptr, WeightSource::zeros),
+               dp::Error);
+}
+
 TEST(FluxTransformer, StageLoadsOnlyItsOwnTensors) {
   c10::InferenceMode guard;
   // A checkpoint holding only transformer_blocks.1: a stage owning block 1 must load from it, proving it

@@ -22,8 +22,10 @@ FluxTransformer FluxTransformer::load(const std::string& component_dir, at::Scal
 
 FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> weights, const FluxConfig& config,
                                       at::ScalarType dtype, at::Device device, FluxParts parts,
-                                      std::shared_ptr<const LoraSet> lora) {
+                                      std::shared_ptr<const LoraSet> lora, WeightSource source) {
   if (parts.last_block < 0) parts.last_block = config.num_blocks();
+  const bool zeros = source == WeightSource::zeros;
+  DP_CHECK(!zeros || (parts.offloaded.empty() && !lora), "a model of zeros holds no offloaded blocks or adapters");
   DP_CHECK(parts.first_block >= 0 && parts.first_block <= parts.last_block && parts.last_block <= config.num_blocks(),
            "block range [", parts.first_block, ", ", parts.last_block, ") is outside the model's ", config.num_blocks(),
            " blocks");
@@ -55,7 +57,8 @@ FluxTransformer FluxTransformer::load(std::shared_ptr<const io::WeightIndex> wei
   // is read, so the device never holds the whole range in the run dtype beside its FP8 copy.
   const bool fp8 = flux::fp8_gemms_enabled();
   if (fp8) flux::check_fp8_gemms_supported(dtype, device);
-  const ModuleWeights scope = ModuleWeights(weights, dtype, device).with_lora(model.lora_);
+  const ModuleWeights from_files = ModuleWeights(weights, dtype, device).with_lora(model.lora_);
+  const ModuleWeights scope = zeros ? from_files.with_zeros() : from_files;
   const ModuleWeights root = scope.read_ahead([&](const std::string& name) {
     return held(name) && !(fp8 && block_of(name) >= 0);
   });

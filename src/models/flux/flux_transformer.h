@@ -50,6 +50,10 @@ struct FluxParts {
   static FluxParts blocks(int64_t first, int64_t last) { return {false, first, last, false}; }
 };
 
+// Where a loaded model's tensors come from: the checkpoint, or zeros of its shapes and dtypes, read from its
+// headers only (ModuleWeights::with_zeros): a model to warm the kernels up with while the real weights stream.
+enum class WeightSource { checkpoint, zeros };
+
 class FluxTransformer {
  public:
   // Loads from a component folder (config.json + weights). Only tensors of the requested parts are read, and
@@ -58,7 +62,8 @@ class FluxTransformer {
                               FluxParts parts = FluxParts::all(), std::shared_ptr<const LoraSet> lora = nullptr);
   static FluxTransformer load(std::shared_ptr<const io::WeightIndex> weights, const FluxConfig& config,
                               at::ScalarType dtype, at::Device device, FluxParts parts = FluxParts::all(),
-                              std::shared_ptr<const LoraSet> lora = nullptr);
+                              std::shared_ptr<const LoraSet> lora = nullptr,
+                              WeightSource source = WeightSource::checkpoint);
 
   const FluxConfig& config() const { return config_; }
   const FluxParts& parts() const { return parts_; }
