@@ -122,7 +122,7 @@ std::shared_ptr<pipeline::FluxStage> zero_blocks(const RunContext& run, int64_t 
 // The staged load with the warm-up beside it: a helper thread reads the rank's blocks while this thread, the
 // loop's (cuDNN builds its attention graphs per thread), warms up zero-weight copies of its first and last
 // blocks, with the embedders and the head when the rank holds them, so that every GEMM shape of a step is among
-// them. The copies (1.2 GB for the whole FLUX.1-dev) are freed before the loop. Before, the two blocks were read
+// them. The copies (about 1 GB for the whole FLUX.1-dev) are freed before the loop. Before, the two blocks were read
 // from the files first, which cost what the overlap saved (0.06 s on an H100, bench/RESULTS.md, 2026-12-05).
 LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankStage& mine) {
   LoadedStage loaded;
