@@ -113,17 +113,16 @@ bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage&
 // Zeros of the shapes of this rank's blocks [first, last) (with the embedders or the head when the range starts or
 // ends the model), made from the headers alone: what the warm-up needs is the run's shapes, not the weights.
 std::shared_ptr<pipeline::FluxStage> zero_blocks(const RunContext& run, int64_t first, int64_t last) {
-  return std::make_shared<pipeline::FluxStage>(run.transformer_dir, first, last, run.request.dtype, run.device, run.grid,
-                                               run.request.max_sequence_length,
-                                               std::map<int64_t, models::OffloadedWeights>{}, sequence_shard(run),
-                                               nullptr, models::WeightSource::zeros);
+  return std::make_shared<pipeline::FluxStage>(
+      run.transformer_dir, first, last, run.request.dtype, run.device, run.grid, run.request.max_sequence_length,
+      std::map<int64_t, models::OffloadedWeights>{}, sequence_shard(run), nullptr, models::WeightSource::zeros);
 }
 
 // The staged load with the warm-up beside it: a helper thread reads the rank's blocks while this thread, the
 // loop's (cuDNN builds its attention graphs per thread), warms up zero-weight copies of its first and last
 // blocks, with the embedders and the head when the rank holds them, so that every GEMM shape of a step is among
-// them. The copies (about 1 GB for the whole FLUX.1-dev) are freed before the loop. Before, the two blocks were read
-// from the files first, which cost what the overlap saved (0.06 s on an H100, bench/RESULTS.md, 2026-12-05).
+// them. The copies (about 1 GB for the whole FLUX.1-dev) are freed before the loop. Before, the two blocks were
+// read from the files first, which cost what the overlap saved (0.06 s on an H100, bench/RESULTS.md, 2026-12-05).
 LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankStage& mine) {
   LoadedStage loaded;
   const auto started = std::chrono::steady_clock::now();
@@ -137,7 +136,8 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
   try {
     std::vector<std::shared_ptr<pipeline::FluxStage>> samples{
         zero_blocks(run, mine.first_block, mine.first_block + 1)};
-    if (mine.last_block - 1 > mine.first_block) samples.push_back(zero_blocks(run, mine.last_block - 1, mine.last_block));
+    if (mine.last_block - 1 > mine.first_block)
+      samples.push_back(zero_blocks(run, mine.last_block - 1, mine.last_block));
     std::vector<const pipeline::FluxStage*> sampled;
     for (const auto& sample : samples) sampled.push_back(sample.get());
     warm_up(run, sampled, " on the loop's thread while the blocks loaded (zero-weight copies of the first and last)");
