@@ -55,6 +55,17 @@ OracleCase load_case(const std::string& name) {
   return c;
 }
 
+// A case's transformer as FluxTransformer::load(weights, config, ...) takes it: its config and its weight index.
+struct CaseWeights {
+  FluxConfig config;
+  std::shared_ptr<const io::WeightIndex> weights;
+};
+CaseWeights case_weights(const OracleCase& c) {
+  const std::string config_path = c.transformer_dir + "/config.json";
+  return {FluxConfig::from_json(read_json_file(config_path), config_path),
+          std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(c.transformer_dir))};
+}
+
 FluxInputs cast_inputs(const FluxInputs& in, at::ScalarType dtype) {
   FluxInputs out = in;
   out.hidden_states = in.hidden_states.to(dtype);
@@ -249,9 +260,9 @@ INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracleCuda, ::testing::ValuesIn(kCases));
 TEST(FluxTransformer, Fp8BlocksConvertAPartAtATimeWithTheSameBits) {
   c10::InferenceMode guard;
   const OracleCase c = load_case("dev_like");
-  const std::string config_path = c.transformer_dir + "/config.json";
-  const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
-  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(c.transformer_dir));
+  const CaseWeights loaded = case_weights(c);  // named, not bound: C++17 lambdas cannot capture bindings
+  const FluxConfig& config = loaded.config;
+  const auto& weights = loaded.weights;
   const auto load_with_parts_of = [&](uint64_t part_bytes, FluxParts parts, size_t& loads) {
     io::LoadPolicy policy;
     policy.converting_part_bytes = part_bytes;
@@ -306,16 +317,14 @@ TEST(FluxTransformer, PlannedFp8BlockSizesAreWhatTheConvertedBlocksHold) {
 TEST(FluxTransformer, ZeroWeightsTakeTheCheckpointsShapesAndReadNothing) {
   c10::InferenceMode guard;
   const OracleCase c = load_case("dev_like");
-  const std::string config_path = c.transformer_dir + "/config.json";
-  const FluxConfig config = FluxConfig::from_json(read_json_file(config_path), config_path);
-  auto weights = std::make_shared<const io::WeightIndex>(io::WeightIndex::open_dir(c.transformer_dir));
-  const at::Tensor real = FluxTransformer::load(weights, config, at::kFloat, at::kCPU).forward(c.inputs);
+  const CaseWeights model = case_weights(c);
+  const at::Tensor real = FluxTransformer::load(model.weights, model.config, at::kFloat, at::kCPU).forward(c.inputs);
   ASSERT_GT(real.abs().max().item<float>(), 0.0F);
   for (const bool fp8 : {false, true}) {
     flux::set_fp8_gemms_enabled(fp8);
     const size_t loads_before = io::load_history().size();
     const at::ScalarType dtype = fp8 ? at::kBFloat16 : at::kFloat;
-    const auto zeros = FluxTransformer::load(weights, config, dtype, at::kCPU, FluxParts::all(), nullptr,
+    const auto zeros = FluxTransformer::load(model.weights, model.config, dtype, at::kCPU, FluxParts::all(), nullptr,
                                              WeightSource::zeros);
     flux::set_fp8_gemms_enabled(false);
     EXPECT_EQ(io::load_history().size(), loads_before) << "fp8 " << fp8 << ": a load read the files";
@@ -325,7 +334,8 @@ TEST(FluxTransformer, ZeroWeightsTakeTheCheckpointsShapesAndReadNothing) {
   }
   FluxParts offloading = FluxParts::all();
   offloading.offloaded[1] = OffloadedWeights::pinned_host;
-  EXPECT_THROW(FluxTransformer::load(weights, config, at::kFloat, at::kCPU, offloading, nullptr, WeightSource::zeros),
+  EXPECT_THROW(FluxTransformer::load(model.weights, model.config, at::kFloat, at::kCPU, offloading, nullptr,
+                                     WeightSource::zeros),
                dp::Error);
 }
 
