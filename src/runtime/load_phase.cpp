@@ -103,7 +103,8 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
 // spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's own
 // stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1): on an H100 it took 0.04 s off the blocks' load and warm-up
 // but reading the samples cost 0.06 s, no gain from command to PNG (bench/RESULTS.md, 2026-12-05, session 4).
-// Meant for CUDA; on the CPU it only gives the tests a way through the same code.
+// The samples are zeros now, read from nothing; that has not run on a GPU yet (session 16 got none), so the
+// default waits for its measurement. Meant for CUDA; on the CPU it only gives the tests a way through the same code.
 bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
   const char* setting = std::getenv("DIFFPIPE_WARM_UP_BESIDE_LOAD");
   if (setting == nullptr || std::string(setting) != "1") return false;
