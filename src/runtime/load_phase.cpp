@@ -87,15 +87,14 @@ void log_loaded(const RunContext& run, const placement::RankStage& mine, const L
           human_size(loaded.seconds > 0 ? loaded.bytes / loaded.seconds : 0.0), "/s)");
 }
 
-// This rank's blocks [first, last) read onto its device (no warm-up).
-std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const placement::RankStage& mine, int64_t first,
-                                                 int64_t last, bool with_offload_and_lora) {
-  const std::string phase = str("loading blocks [", first, ", ", last, ")");
+// This rank's blocks read onto its device, its offloaded blocks and LoRA adapters with them (no warm-up).
+std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const placement::RankStage& mine) {
+  const std::string phase = str("loading blocks [", mine.first_block, ", ", mine.last_block, ")");
   return pipeline::run_phase(run.world.rank(), phase, [&] {
-    return std::make_shared<pipeline::FluxStage>(
-        run.transformer_dir, first, last, run.request.dtype, run.device, run.grid, run.request.max_sequence_length,
-        with_offload_and_lora ? offloaded_weights(mine) : std::map<int64_t, models::OffloadedWeights>{},
-        sequence_shard(run), with_offload_and_lora ? run.request.lora : nullptr);
+    return std::make_shared<pipeline::FluxStage>(run.transformer_dir, mine.first_block, mine.last_block,
+                                                 run.request.dtype, run.device, run.grid,
+                                                 run.request.max_sequence_length, offloaded_weights(mine),
+                                                 sequence_shard(run), run.request.lora);
   });
 }
 
@@ -131,8 +130,7 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
     c10::InferenceMode inference;  // per thread, as is the device
     c10::OptionalDeviceGuard device_guard;
     if (run.device.is_cuda()) device_guard.reset_device(run.device);
-    return on_loader_stream(run.device,
-                            [&] { return read_blocks(run, mine, mine.first_block, mine.last_block, true); });
+    return on_loader_stream(run.device, [&] { return read_blocks(run, mine); });
   });
   try {
     std::vector<std::shared_ptr<pipeline::FluxStage>> samples{
@@ -194,7 +192,7 @@ LoadedStage load_phase(const RunContext& run) {
   const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
   if (mine == nullptr) return loaded;
   const auto started = std::chrono::steady_clock::now();
-  loaded.stage = read_blocks(run, *mine, mine->first_block, mine->last_block, true);
+  loaded.stage = read_blocks(run, *mine);
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
   if (run.options.warm_up) warm_up(run, {loaded.stage.get()}, "");
