@@ -1,6 +1,6 @@
 #include "cli/generate_microbatch.h"
 
-#include <set>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -27,8 +27,11 @@ int64_t choose_generate_microbatch(const runtime::RuntimeOptions& options, const
   m.dtype = io::to_safetensors_dtype(request.dtype);
   const auto tree = placement::flux_module_tree(m.config, m.dtype);
   m.tree = &tree;
-  const auto fp8_tree = placement::flux_module_tree(m.config, m.dtype, placement::BlockWeights::fp8_gemms);
-  if (options.fp8_gemms) m.fp8_tree = &fp8_tree;
+  std::optional<placement::ModuleTree> fp8_tree;  // only under --fp8-gemms: the tree is built for nothing else
+  if (options.fp8_gemms) {
+    fp8_tree = placement::flux_module_tree(m.config, m.dtype, placement::BlockWeights::fp8_gemms);
+    m.fp8_tree = &*fp8_tree;
+  }
   if (!options.max_memory.empty()) {
     m.max_memory = placement::read_max_memory_argument(options.max_memory);
   } else {
