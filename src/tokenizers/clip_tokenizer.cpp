@@ -111,19 +111,8 @@ std::vector<std::pair<std::string, std::string>> ClipTokenizer::read_tokenizer_j
   const nlohmann::json& model = files::tokenizer_model(doc, path, "BPE");
   read_vocab(*files::member(model, "vocab"), path, "model.vocab");
 
-  if (const nlohmann::json* added_tokens = files::member(doc, "added_tokens")) {
-    files::as_array(*added_tokens, path, "added_tokens");
-    for (size_t i = 0; i < added_tokens->size(); ++i) {
-      const std::string field = str("added_tokens[", i, "]");
-      const nlohmann::json& added = files::as_object((*added_tokens)[i], path, field);
-      const nlohmann::json* id = files::member(added, "id");
-      DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
-      // An added token names an id of the vocabulary: encode emits it and decode looks it up.
-      added_tokens_.push_back({files::token_content(added, path, field),
-                               files::as_integer(*id, 0, vocab_size() - 1, path, field + ".id"),
-                               files::token_normalized(added, false, path, field)});
-    }
-  }
+  for (auto& added : files::added_token_entries(doc, vocab_size(), false, path))
+    added_tokens_.push_back({std::move(added.content), added.id, added.normalized});
 
   std::vector<std::pair<std::string, std::string>> merges;
   const nlohmann::json* merge_list = files::member(model, "merges");

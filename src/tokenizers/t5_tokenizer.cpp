@@ -95,19 +95,9 @@ void T5Tokenizer::read_tokenizer_json(const std::string& path) {
     }
   }
 
-  if (const nlohmann::json* added_tokens = files::member(doc, "added_tokens")) {
-    files::as_array(*added_tokens, path, "added_tokens");
-    for (size_t i = 0; i < added_tokens->size(); ++i) {
-      const std::string field = str("added_tokens[", i, "]");
-      const nlohmann::json& added = files::as_object((*added_tokens)[i], path, field);
-      const nlohmann::json* id = files::member(added, "id");
-      DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
-      // Added tokens index the model's vocabulary (T5's sentinels are part of it), which decode relies on.
-      added_tokens_.push_back({files::token_content(added, path, field),
-                               files::as_integer(*id, 0, static_cast<int64_t>(pieces_.size()) - 1, path,
-                                                 field + ".id")});
-    }
-  }
+  // Added tokens index the model's vocabulary (T5's sentinels are part of it), which decode relies on.
+  for (auto& added : files::added_token_entries(doc, static_cast<int64_t>(pieces_.size()), false, path))
+    added_tokens_.push_back({std::move(added.content), added.id});
 }
 
 void T5Tokenizer::read_spiece_model(const std::string& path) {

@@ -142,6 +142,23 @@ bool token_normalized(const nlohmann::json& token, bool fallback, const std::str
   return normalized == nullptr ? fallback : as_bool(*normalized, path, field + ".normalized");
 }
 
+std::vector<AddedTokenEntry> added_token_entries(const nlohmann::json& doc, int64_t vocab_size,
+                                                 bool normalized_fallback, const std::string& path) {
+  std::vector<AddedTokenEntry> entries;
+  const nlohmann::json* added_tokens = member(doc, "added_tokens");
+  if (added_tokens == nullptr) return entries;
+  as_array(*added_tokens, path, "added_tokens");
+  for (size_t i = 0; i < added_tokens->size(); ++i) {
+    const std::string field = str("added_tokens[", i, "]");
+    const nlohmann::json& added = as_object((*added_tokens)[i], path, field);
+    const nlohmann::json* id = member(added, "id");
+    DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
+    entries.push_back({token_content(added, path, field), as_integer(*id, 0, vocab_size - 1, path, field + ".id"),
+                       token_normalized(added, normalized_fallback, path, field)});
+  }
+  return entries;
+}
+
 int model_max_length(const nlohmann::json& config, int fallback, int minimum, const std::string& path) {
   const nlohmann::json* value = member(config, "model_max_length");
   if (value == nullptr) return fallback;
