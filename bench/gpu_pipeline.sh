@@ -106,12 +106,13 @@ fi
 # VARIANTS="label|VAR=value ...|generate options;...": more diffpipe runs at --log-level debug, each with its own
 # environment and options (e.g. "eager|CUDA_MODULE_LOADING=EAGER|;readers12|DIFFPIPE_LOAD_THREADS=12|--load-overlap on"),
 # with the encoders' and the loads' lines of each log.
-# VARIANTS=opt-in: the start-up paths against the default, both ways round, then each alone: the two that are
-# opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1, DIFFPIPE_PROGRESSIVE_STAGING=1) and the early CUDA start turned off.
+# VARIANTS=opt-in: the start-up paths against the default, both ways round: the one that is opt-in
+# (DIFFPIPE_PROGRESSIVE_STAGING=1), then the early CUDA start and the blocks' warm-up beside their load (both on by
+# default) each turned off.
 if [ "${VARIANTS:-}" = opt-in ]; then
-  all="DIFFPIPE_WARM_UP_BESIDE_LOAD=1 DIFFPIPE_PROGRESSIVE_STAGING=1"
-  VARIANTS="default||;all|$all|;default2||;all2|$all|;no-early|DIFFPIPE_EARLY_CUDA=0|"
-  VARIANTS+=";beside|DIFFPIPE_WARM_UP_BESIDE_LOAD=1|;progressive|DIFFPIPE_PROGRESSIVE_STAGING=1|"
+  progressive="DIFFPIPE_PROGRESSIVE_STAGING=1"
+  VARIANTS="default||;progressive|$progressive|;default2||;progressive2|$progressive|"
+  VARIANTS+=";no-early|DIFFPIPE_EARLY_CUDA=0|;no-beside|DIFFPIPE_WARM_UP_BESIDE_LOAD=0|"
 fi
 if [ -n "${VARIANTS:-}" ] && [ "$side" != diffusers ]; then
   IFS=';' read -ra variants <<< "$VARIANTS"

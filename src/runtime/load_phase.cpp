@@ -98,16 +98,18 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
   });
 }
 
-// Whether the warm-up can run on the loop's thread while the blocks load (load_warming_up_beside): with room to
-// spare (no --max-memory, no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's own
-// stage). Opt-in (DIFFPIPE_WARM_UP_BESIDE_LOAD=1): on an H100 it took 0.04 s off the blocks' load and warm-up
-// but reading the samples cost 0.06 s, no gain from command to PNG (bench/RESULTS.md, 2026-12-05, session 4).
-// The samples are zeros now, read from nothing; that has not run on a GPU yet (session 16 got none), so the
-// default waits for its measurement. Meant for CUDA; on the CPU it only gives the tests a way through the same code.
+// Whether the warm-up runs on the loop's thread while the blocks load (load_warming_up_beside): with room to spare
+// (no --max-memory, whose caps leave no room for the zero-weight copies; no offloaded block) and no LoRA (an
+// unfused adapter's warm-up needs the run's own stage). On by default on CUDA: on an H100 it took the transformer's
+// load and warm-up from 1.03 s to 0.73 s and one image from 5.98 s to 5.74 s, peak 24.3 GB to 25.3 GB; under
+// --fp8-gemms it measured even, the conversion competing for the GPU (bench/RESULTS.md, session 17).
+// DIFFPIPE_WARM_UP_BESIDE_LOAD=0 turns it off; =1 turns it on on the CPU too, which only gives the tests a way
+// through the same code (the CPU has no kernels to load and two threads there compete for its cores).
 bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
   const char* setting = std::getenv("DIFFPIPE_WARM_UP_BESIDE_LOAD");
-  if (setting == nullptr || std::string(setting) != "1") return false;
-  return run.options.warm_up && run.options.max_memory.empty() && mine.offloaded.empty() && !run.request.lora;
+  const bool wanted = setting == nullptr ? run.device.is_cuda() : std::string(setting) == "1";
+  return wanted && run.options.warm_up && run.options.max_memory.empty() && mine.offloaded.empty() &&
+         !run.request.lora;
 }
 
 // Zeros of the shapes of this rank's blocks [first, last) (with the embedders or the head when the range starts or

@@ -826,8 +826,9 @@ def case_calibrate_on_load(binary, model, tmp, ranks):
 
 def case_start_up_paths(binary, model, tmp, ranks):
     # The start-up paths (the early CUDA start, on by default, named anyway: on a machine without a CUDA driver
-    # it says so and starts nothing; DIFFPIPE_WARM_UP_BESIDE_LOAD=1, opt-in: the blocks' warm-up beside their
-    # load) leave the latents as the default run's, in one process and on every rank.
+    # it says so and starts nothing; DIFFPIPE_WARM_UP_BESIDE_LOAD=1: the blocks' warm-up beside their load, the
+    # default on CUDA, which on the CPU runs only when asked) leave the latents as the default run's, in one
+    # process and on every rank.
     code, output, _ = run([binary] + generate_args(model, tmp / "default.h5"))
     if code != 0:
         fail(f"one process exited {code}:\n{output}")
