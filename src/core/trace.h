@@ -18,7 +18,8 @@ enum class Track : int {
   checkpoint = 5,
   device_send = 6,
   device_receive = 7,
-  background_load = 8,  // weights loaded on a thread of their own while the host track goes on (the VAE)
+  background_load = 8,  // weights loaded on a thread of their own while the host track goes on (the VAE; a
+                        // rank's blocks while their warm-up runs on the host's)
 };
 const char* track_name(Track track);
 

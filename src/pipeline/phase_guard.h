@@ -15,9 +15,12 @@ namespace dp::pipeline {
 // Throws dp::Error: "rank R ran out of device memory while PHASE: <LibTorch's first sentences>".
 [[noreturn]] void fail_out_of_memory(int rank, const std::string& phase, const c10::OutOfMemoryError& error);
 
+// `track`: where --trace draws the phase; a phase on a helper thread beside the host's own work takes a track of
+// its own, since spans on one track must nest.
 template <typename Work>
-auto run_phase(int rank, const std::string& phase, Work&& work) -> decltype(work()) {
-  trace::Scope span(trace::Track::host, phase);  // --trace and NVTX
+auto run_phase(int rank, const std::string& phase, Work&& work, trace::Track track = trace::Track::host)
+    -> decltype(work()) {
+  trace::Scope span(track, phase);  // --trace and NVTX
   try {
     return std::forward<Work>(work)();
   } catch (const c10::OutOfMemoryError& error) {

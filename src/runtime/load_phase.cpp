@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "core/human_units.h"
 #include "io/load_budget.h"
 #include "io/weight_index.h"
@@ -87,15 +88,20 @@ void log_loaded(const RunContext& run, const placement::RankStage& mine, const L
           human_size(loaded.seconds > 0 ? loaded.bytes / loaded.seconds : 0.0), "/s)");
 }
 
-// This rank's blocks read onto its device, its offloaded blocks and LoRA adapters with them (no warm-up).
-std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const placement::RankStage& mine) {
+// This rank's blocks read onto its device, its offloaded blocks and LoRA adapters with them (no warm-up). `track`:
+// where --trace draws the load (the background track when the warm-up runs on the host's beside it).
+std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const placement::RankStage& mine,
+                                                 trace::Track track = trace::Track::host) {
   const std::string phase = str("loading blocks [", mine.first_block, ", ", mine.last_block, ")");
-  return pipeline::run_phase(run.world.rank(), phase, [&] {
-    return std::make_shared<pipeline::FluxStage>(run.transformer_dir, mine.first_block, mine.last_block,
-                                                 run.request.dtype, run.device, run.grid,
-                                                 run.request.max_sequence_length, offloaded_weights(mine),
-                                                 sequence_shard(run), run.request.lora);
-  });
+  return pipeline::run_phase(
+      run.world.rank(), phase,
+      [&] {
+        return std::make_shared<pipeline::FluxStage>(run.transformer_dir, mine.first_block, mine.last_block,
+                                                     run.request.dtype, run.device, run.grid,
+                                                     run.request.max_sequence_length, offloaded_weights(mine),
+                                                     sequence_shard(run), run.request.lora);
+      },
+      track);
 }
 
 // Whether the warm-up runs on the loop's thread while the blocks load (load_warming_up_beside): with room to spare
@@ -132,7 +138,7 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
     c10::InferenceMode inference;  // per thread, as is the device
     c10::OptionalDeviceGuard device_guard;
     if (run.device.is_cuda()) device_guard.reset_device(run.device);
-    return on_loader_stream(run.device, [&] { return read_blocks(run, mine); });
+    return on_loader_stream(run.device, [&] { return read_blocks(run, mine, trace::Track::background_load); });
   });
   try {
     std::vector<std::shared_ptr<pipeline::FluxStage>> samples{

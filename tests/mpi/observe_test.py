@@ -271,14 +271,23 @@ CLOCK_SKEWS_US = [0, 5_000_000, -3_000_000, 7_000_000]
 
 
 def case_trace(binary, model, tmp, ranks):
+    # Twice: the blocks' warm-up after their load (the CPU's default) and beside it (CUDA's default, asked for
+    # here), where the load runs on a helper thread and must take a track of its own.
+    for beside in (False, True):
+        check_trace(binary, model, tmp / ("beside" if beside else "staged"), ranks, beside)
+
+
+def check_trace(binary, model, tmp, ranks, beside):
+    tmp.mkdir()
     trace = tmp / "trace.json"
     report = tmp / "report.json"
     skews = CLOCK_SKEWS_US[:ranks]
     os.environ["DIFFPIPE_TRACE_CLOCK_SKEW_US"] = ",".join(map(str, skews))
+    os.environ["DIFFPIPE_WARM_UP_BESIDE_LOAD"] = "1" if beside else "0"
     output, seconds = run_ranks(binary, model, tmp, ranks, "t", [
         "--trace", str(trace), "--report", str(report), "--microbatch-size", "1", "--num-images-per-prompt", "2",
         "--checkpoint-dir", str(tmp / "checkpoints"), "--checkpoint-every", "2"],
-        launcher_extra=["-x", "DIFFPIPE_TRACE_CLOCK_SKEW_US"])
+        launcher_extra=["-x", "DIFFPIPE_TRACE_CLOCK_SKEW_US", "-x", "DIFFPIPE_WARM_UP_BESIDE_LOAD"])
     if not trace.exists():
         fail(f"--trace {trace} was not written:\n{output}")
     doc = json.loads(trace.read_text())
@@ -305,6 +314,19 @@ def case_trace(binary, model, tmp, ranks):
         if blocks is not None:
             expected += [f"loading blocks [{blocks[0]}, {blocks[1]})", f"blocks [{blocks[0]},{blocks[1]}) mb 0 step 1",
                          f"blocks [{blocks[0]},{blocks[1]}) mb 3 step 3"]
+            loads = [e for e in mine if e["name"].startswith("loading blocks [")]
+            warm_ups = [e for e in mine if e["name"] == "warming up the blocks"]
+            # Beside the load, the warm-up runs once for each zero-weight copy (the first and the last block).
+            if len(loads) != 1 or not warm_ups or any(w["tid"] != 1 for w in warm_ups):
+                fail(f"{trace}: rank {r} should have one block load and its blocks' warm-up on the host track: "
+                     f"{loads} {warm_ups}")
+            load, load_end = loads[0], loads[0]["ts"] + loads[0]["dur"]
+            # Whether the two overlap on a tiny model is up to the threads: the tracks must allow it, that is all.
+            if beside and load["tid"] != 8:
+                fail(f"{trace}: rank {r}'s block load should be on the background load track (8): {load}")
+            if not beside and (load["tid"] != 1 or len(warm_ups) != 1 or warm_ups[0]["ts"] < load_end):
+                fail(f"{trace}: rank {r}'s block load should be on the host track, one warm-up after it: "
+                     f"{load} {warm_ups}")
             # The trace's compute spans are the report's: the same count, the same clock (rounding to 1 us each).
             if len(compute) != reports[r]["microbatch_steps"]:
                 fail(f"rank {r}: {len(compute)} compute spans, the report counts {reports[r]['microbatch_steps']} "
@@ -363,10 +385,11 @@ def case_trace(binary, model, tmp, ranks):
         checked += 1
     if checked < 4 * 3:
         fail(f"{trace}: only {checked} messages matched between send and receive spans")
-    print(f"{trace.name}: {len(spans)} spans over {ranks} ranks pass the schema and nesting checks; "
+    print(f"{trace.name}, warm-up {'beside' if beside else 'after'} the load: {len(spans)} spans over {ranks} "
+          f"ranks pass the schema and nesting checks; "
           f"{checked} messages causal across ranks; run took {seconds:.1f} s")
     picture = os.environ.get("DIFFPIPE_TRACE_PICTURE")
-    if picture:
+    if picture and not beside:  # the picture shows the CPU's default
         shutil.copy(trace, picture)
         print(f"copied the trace to {picture}")
 
