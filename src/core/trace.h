@@ -19,7 +19,7 @@ enum class Track : int {
   device_send = 6,
   device_receive = 7,
   background_load = 8,  // weights loaded on a thread of their own while the host track goes on (the VAE; a
-                        // rank's blocks while their warm-up runs on the host's)
+                        // rank's blocks beside their warm-up or, with --load-overlap on, beside the encoders)
 };
 const char* track_name(Track track);
 

@@ -56,11 +56,14 @@ models::flux::SequenceShard sequence_shard(const RunContext& run) {
 }
 
 // Warms `stages` up (FluxStage::warm_up) at the run's microbatch rows, on this thread, and logs it.
-void warm_up(const RunContext& run, const std::vector<const pipeline::FluxStage*>& stages, const std::string& note) {
+void warm_up(const RunContext& run, const std::vector<const pipeline::FluxStage*>& stages, const std::string& note,
+             trace::Track track = trace::Track::host) {
   const int64_t rows = std::min(run.options.microbatch_size, run.batch());
   double seconds = 0;
-  for (const pipeline::FluxStage* stage : stages)
-    seconds += pipeline::run_phase(run.world.rank(), "warming up the blocks", [&] { return stage->warm_up(rows); });
+  for (const pipeline::FluxStage* stage : stages) {
+    seconds += pipeline::run_phase(
+        run.world.rank(), "warming up the blocks", [&] { return stage->warm_up(rows); }, track);
+  }
   DP_INFO("rank ", run.world.rank(), ": warmed up one block of each kind at ", rows, " row(s) in ", std::fixed,
           std::setprecision(3), seconds, " s", note);
 }
@@ -195,15 +198,15 @@ void cap_device_memory(const RunContext& run) {
 #endif
 }
 
-LoadedStage load_phase(const RunContext& run) {
+LoadedStage load_phase(const RunContext& run, trace::Track track) {
   LoadedStage loaded;
   const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
   if (mine == nullptr) return loaded;
   const auto started = std::chrono::steady_clock::now();
-  loaded.stage = read_blocks(run, *mine);
+  loaded.stage = read_blocks(run, *mine, track);
   loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   loaded.bytes = loaded.stage->weight_bytes();
-  if (run.options.warm_up) warm_up(run, {loaded.stage.get()}, "");
+  if (run.options.warm_up) warm_up(run, {loaded.stage.get()}, "", track);
   log_loaded(run, *mine, loaded);
   return loaded;
 }
@@ -315,7 +318,7 @@ void start_load_overlap(RunContext& run) {
     DP_DEBUG("rank ", run.world.rank(), ": the overlapped load waited ", std::fixed, std::setprecision(3), waited,
              " s for the text encoders' weights");
     const io::ScopedLoadBudget scoped(budget.get());
-    return on_loader_stream(run.device, [&run] { return load_phase(run); });
+    return on_loader_stream(run.device, [&run] { return load_phase(run, trace::Track::background_load); });
   });
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/trace.h"
 #include "pipeline/flux_stage.h"
 #include "runtime/run_context.h"
 
@@ -12,8 +13,9 @@ namespace dp::runtime {
 // --max-memory holds at run time too: this rank's CUDA caching allocator may not grow past its GPU's entry.
 void cap_device_memory(const RunContext& run);
 
-// Loads this rank's blocks (nothing for a rank without any) and logs the load's rate.
-LoadedStage load_phase(const RunContext& run);
+// Loads this rank's blocks (nothing for a rank without any) and logs the load's rate. `track`: where --trace draws
+// the load and its warm-up (the background load track for the overlapped load, beside the encoders' spans).
+LoadedStage load_phase(const RunContext& run, trace::Track track = trace::Track::host);
 
 // Whether this rank's blocks load on a thread while its text encoders run, and why. The overlapped load runs on
 // a CUDA stream of its own and may hold only `early_bytes` of blocks until the encoders are released, so that

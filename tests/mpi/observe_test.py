@@ -271,22 +271,24 @@ CLOCK_SKEWS_US = [0, 5_000_000, -3_000_000, 7_000_000]
 
 
 def case_trace(binary, model, tmp, ranks):
-    # Twice: the blocks' warm-up after their load (the CPU's default) and beside it (CUDA's default, asked for
-    # here), where the load runs on a helper thread and must take a track of its own.
-    for beside in (False, True):
-        check_trace(binary, model, tmp / ("beside" if beside else "staged"), ranks, beside)
+    # Three ways the blocks load: staged, their warm-up after the load (the CPU's default); beside, the load on a
+    # helper thread while the warm-up runs (CUDA's default, asked for here); overlap, rank 0's load and warm-up on
+    # a thread while its encoders run (--load-overlap on). A load beside the host's work takes a track of its own.
+    for mode in ("staged", "beside", "overlap"):
+        check_trace(binary, model, tmp / mode, ranks, mode)
 
 
-def check_trace(binary, model, tmp, ranks, beside):
+def check_trace(binary, model, tmp, ranks, mode):
     tmp.mkdir()
     trace = tmp / "trace.json"
     report = tmp / "report.json"
     skews = CLOCK_SKEWS_US[:ranks]
     os.environ["DIFFPIPE_TRACE_CLOCK_SKEW_US"] = ",".join(map(str, skews))
-    os.environ["DIFFPIPE_WARM_UP_BESIDE_LOAD"] = "1" if beside else "0"
+    os.environ["DIFFPIPE_WARM_UP_BESIDE_LOAD"] = "1" if mode == "beside" else "0"
     output, seconds = run_ranks(binary, model, tmp, ranks, "t", [
         "--trace", str(trace), "--report", str(report), "--microbatch-size", "1", "--num-images-per-prompt", "2",
-        "--checkpoint-dir", str(tmp / "checkpoints"), "--checkpoint-every", "2"],
+        "--checkpoint-dir", str(tmp / "checkpoints"), "--checkpoint-every", "2"] +
+        (["--load-overlap", "on"] if mode == "overlap" else []),
         launcher_extra=["-x", "DIFFPIPE_TRACE_CLOCK_SKEW_US", "-x", "DIFFPIPE_WARM_UP_BESIDE_LOAD"])
     if not trace.exists():
         fail(f"--trace {trace} was not written:\n{output}")
@@ -316,17 +318,18 @@ def check_trace(binary, model, tmp, ranks, beside):
                          f"blocks [{blocks[0]},{blocks[1]}) mb 3 step 3"]
             loads = [e for e in mine if e["name"].startswith("loading blocks [")]
             warm_ups = [e for e in mine if e["name"] == "warming up the blocks"]
+            # Only a rank that encodes overlaps its load with the encoders; the others load staged.
+            mine_mode = "staged" if mode == "overlap" and r != 0 else mode
+            load_track, warm_up_track = {"staged": (1, 1), "beside": (8, 1), "overlap": (8, 8)}[mine_mode]
             # Beside the load, the warm-up runs once for each zero-weight copy (the first and the last block).
-            if len(loads) != 1 or not warm_ups or any(w["tid"] != 1 for w in warm_ups):
-                fail(f"{trace}: rank {r} should have one block load and its blocks' warm-up on the host track: "
+            # Whether the two overlap in time on a tiny model is up to the threads: the tracks must allow it.
+            if len(loads) != 1 or loads[0]["tid"] != load_track or not warm_ups or \
+                    any(w["tid"] != warm_up_track for w in warm_ups):
+                fail(f"{trace}: rank {r} ({mine_mode}) should have one block load on track {load_track} and its "
+                     f"blocks' warm-up on track {warm_up_track}: {loads} {warm_ups}")
+            if mine_mode != "beside" and (len(warm_ups) != 1 or warm_ups[0]["ts"] < loads[0]["ts"] + loads[0]["dur"]):
+                fail(f"{trace}: rank {r} ({mine_mode}) should warm its blocks up once, after their load: "
                      f"{loads} {warm_ups}")
-            load, load_end = loads[0], loads[0]["ts"] + loads[0]["dur"]
-            # Whether the two overlap on a tiny model is up to the threads: the tracks must allow it, that is all.
-            if beside and load["tid"] != 8:
-                fail(f"{trace}: rank {r}'s block load should be on the background load track (8): {load}")
-            if not beside and (load["tid"] != 1 or len(warm_ups) != 1 or warm_ups[0]["ts"] < load_end):
-                fail(f"{trace}: rank {r}'s block load should be on the host track, one warm-up after it: "
-                     f"{load} {warm_ups}")
             # The trace's compute spans are the report's: the same count, the same clock (rounding to 1 us each).
             if len(compute) != reports[r]["microbatch_steps"]:
                 fail(f"rank {r}: {len(compute)} compute spans, the report counts {reports[r]['microbatch_steps']} "
@@ -385,11 +388,11 @@ def check_trace(binary, model, tmp, ranks, beside):
         checked += 1
     if checked < 4 * 3:
         fail(f"{trace}: only {checked} messages matched between send and receive spans")
-    print(f"{trace.name}, warm-up {'beside' if beside else 'after'} the load: {len(spans)} spans over {ranks} "
-          f"ranks pass the schema and nesting checks; "
+    print(f"{trace.name}, blocks loaded {mode}: {len(spans)} spans over {ranks} ranks pass the schema and nesting "
+          f"checks; "
           f"{checked} messages causal across ranks; run took {seconds:.1f} s")
     picture = os.environ.get("DIFFPIPE_TRACE_PICTURE")
-    if picture and not beside:  # the picture shows the CPU's default
+    if picture and mode == "staged":  # the picture shows the CPU's default
         shutil.copy(trace, picture)
         print(f"copied the trace to {picture}")
 
