@@ -36,7 +36,8 @@ const char* track_name(Track track) {
     case Track::checkpoint: return "checkpoint writer";
     case Track::device_send: return "send on the device (NCCL)";
     case Track::device_receive: return "receive on the device (NCCL)";
-    case Track::background_load: return "load in the background (the VAE; the blocks beside their warm-up or the encoders)";
+    case Track::background_load:
+      return "load in the background (the VAE; the blocks beside their warm-up or the encoders)";
   }
   return "other";
 }
