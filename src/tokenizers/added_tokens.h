@@ -8,6 +8,14 @@
 
 namespace dp::tokenizers {
 
+// An entry of tokenizer.json's "added_tokens" as CLIP keeps it: whether it is matched before normalization
+// (normalized false) or after.
+struct AddedToken {
+  std::string content;
+  int64_t id;  // an id of the vocabulary: encode emits it, decode looks it up
+  bool normalized;
+};
+
 struct RawAddedToken {
   std::string content;  // non-empty: the loaders refuse empty contents
   int64_t id;

@@ -111,8 +111,7 @@ std::vector<std::pair<std::string, std::string>> ClipTokenizer::read_tokenizer_j
   const nlohmann::json& model = files::tokenizer_model(doc, path, "BPE");
   read_vocab(*files::member(model, "vocab"), path, "model.vocab");
 
-  for (auto& added : files::added_token_entries(doc, vocab_size(), false, path))
-    added_tokens_.push_back({std::move(added.content), added.id, added.normalized});
+  added_tokens_ = files::added_tokens(doc, vocab_size(), path);
 
   std::vector<std::pair<std::string, std::string>> merges;
   const nlohmann::json* merge_list = files::member(model, "merges");

@@ -37,11 +37,6 @@ class ClipTokenizer {
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_token_.size()); }
 
  private:
-  struct AddedToken {
-    std::string content;
-    int64_t id;
-    bool normalized;
-  };
   void read_vocab(const nlohmann::json& vocab, const std::string& path, const std::string& field);
   std::vector<std::pair<std::string, std::string>> read_tokenizer_json(const std::string& path);
   void load_config(const std::string& folder);

@@ -96,7 +96,7 @@ void T5Tokenizer::read_tokenizer_json(const std::string& path) {
   }
 
   // Added tokens index the model's vocabulary (T5's sentinels are part of it), which decode relies on.
-  for (auto& added : files::added_token_entries(doc, static_cast<int64_t>(pieces_.size()), false, path))
+  for (auto& added : files::added_tokens(doc, static_cast<int64_t>(pieces_.size()), path))
     added_tokens_.push_back({std::move(added.content), added.id});
 }
 

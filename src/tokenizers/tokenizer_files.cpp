@@ -142,9 +142,8 @@ bool token_normalized(const nlohmann::json& token, bool fallback, const std::str
   return normalized == nullptr ? fallback : as_bool(*normalized, path, field + ".normalized");
 }
 
-std::vector<AddedTokenEntry> added_token_entries(const nlohmann::json& doc, int64_t vocab_size,
-                                                 bool normalized_fallback, const std::string& path) {
-  std::vector<AddedTokenEntry> entries;
+std::vector<AddedToken> added_tokens(const nlohmann::json& doc, int64_t vocab_size, const std::string& path) {
+  std::vector<AddedToken> entries;
   const nlohmann::json* added_tokens = member(doc, "added_tokens");
   if (added_tokens == nullptr) return entries;
   as_array(*added_tokens, path, "added_tokens");
@@ -154,7 +153,7 @@ std::vector<AddedTokenEntry> added_token_entries(const nlohmann::json& doc, int6
     const nlohmann::json* id = member(added, "id");
     DP_CHECK(id != nullptr, path, ": ", field, " has no 'id'");
     entries.push_back({token_content(added, path, field), as_integer(*id, 0, vocab_size - 1, path, field + ".id"),
-                       token_normalized(added, normalized_fallback, path, field)});
+                       token_normalized(added, false, path, field)});
   }
   return entries;
 }

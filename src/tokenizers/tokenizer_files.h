@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tokenizers/added_tokens.h"
 
 namespace dp::tokenizers::files {
 
@@ -86,16 +87,9 @@ std::string token_content(const nlohmann::json& token, const std::string& path, 
 // An AddedToken object's "normalized" flag, `fallback` when absent or when the token is a plain string.
 bool token_normalized(const nlohmann::json& token, bool fallback, const std::string& path, const std::string& field);
 
-// One entry of tokenizer.json's "added_tokens": its content, the vocabulary id it names (encode emits it, decode
-// looks it up) and its "normalized" flag (`normalized_fallback` when absent).
-struct AddedTokenEntry {
-  std::string content;
-  int64_t id;
-  bool normalized;
-};
-// tokenizer.json's "added_tokens" (none when absent), each id checked to lie in [0, vocab_size).
-std::vector<AddedTokenEntry> added_token_entries(const nlohmann::json& doc, int64_t vocab_size,
-                                                 bool normalized_fallback, const std::string& path);
+// tokenizer.json's "added_tokens" (none when absent), each id checked to lie in [0, vocab_size), "normalized"
+// false when absent.
+std::vector<AddedToken> added_tokens(const nlohmann::json& doc, int64_t vocab_size, const std::string& path);
 
 // tokenizer_config.json's model_max_length: `fallback` when absent or "no limit" (above 1e9, as transformers
 // writes it), otherwise an integer in [minimum, kMaxModelMaxLength].
