@@ -7,7 +7,8 @@ void add_trace_options(CLI::App& generate, runtime::RuntimeOptions& options) {
                       "write a timeline of the run as Chrome trace-event JSON (open it in https://ui.perfetto.dev or "
                       "chrome://tracing): one process per rank, one track per stream (host: load, encode, decode, "
                       "checkpoint copies; compute: each block range per microbatch step, CUDA-event times on GPU; "
-                      "send; receive; checkpoint writer), every rank's clock aligned to rank 0's and merged by rank 0 "
+                      "send; receive; checkpoint writer; load in the background: the VAE, and the blocks while "
+                      "their warm-up or the encoders run), every rank's clock aligned to rank 0's and merged by rank 0 "
                       "into this one file at the end of the run. CUDA builds also mark the same names as NVTX ranges "
                       "for Nsight Systems");
   generate.add_option("--torch-profile", options.torch_profile_path,
