@@ -11,6 +11,8 @@ phase (CUDA: max_memory_allocated; CPU: peak RSS). Timings never pass or fail an
 
     python3 bench/pipeline_gpu_generate.py --diffpipe build-gpu/diffpipe --model /tmp/flux-dev-pipeline \\
         --json out.json
+    # A node's first run: each side's load reads the disk (the folder dropped from the page cache before it):
+    python3 bench/pipeline_gpu_generate.py ... --cold
     # CPU smoke check on a make-tiny folder:
     python3 bench/pipeline_gpu_generate.py --diffpipe build/diffpipe --model /tmp/tiny --json /tmp/b.json \\
         --device cpu --dtype fp32 --height 128 --width 128 --steps 3 --max-sequence-length 64
@@ -50,6 +52,60 @@ def folder_weight_bytes(model: str) -> dict:
         if files:
             sizes[component.name] = sum(f.stat().st_size for f in files)
     return sizes
+
+
+def folder_files(model: str) -> list:
+    """Every regular file of the folder, weights, configs and tokenizers alike."""
+    return sorted(p for p in pathlib.Path(model).rglob("*") if p.is_file())
+
+
+def page_cache_fraction(files: list) -> float:
+    """The fraction of the files' pages in the page cache now: mincore over a read-only mapping of each (mapping
+    reads nothing)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = mmap.PAGESIZE
+    resident = total = 0
+    for path in files:
+        size = path.stat().st_size
+        if size == 0:
+            continue
+        pages = (size + page - 1) // page
+        vector = ctypes.create_string_buffer(pages)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if base in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap {path}")
+            try:
+                if libc.mincore(base, size, vector) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore {path}")
+            finally:
+                libc.munmap(base, size)
+        finally:
+            os.close(fd)
+        resident += sum(b & 1 for b in vector.raw)
+        total += pages
+    return resident / total if total else 1.0
+
+
+def evict_page_cache(model: str) -> float:
+    """Drops the folder's files from the page cache (written back first, then POSIX_FADV_DONTNEED), so that the
+    next load reads the disk, as a node's first run does; returns the fraction still cached afterwards."""
+    files = folder_files(model)
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages (make-random's writes) are not dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return page_cache_fraction(files)
 
 
 def step_ms(step_ends: list) -> float:
@@ -319,6 +375,9 @@ def main() -> int:
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--only", choices=["diffpipe", "diffusers"], help="run one side only")
     parser.add_argument("--diffpipe-args", default="", help="more `diffpipe generate` options, e.g. --load-overlap off")
+    parser.add_argument("--cold", action="store_true",
+                        help="drop the folder's files from the page cache before each side's run, as on a node's first "
+                             "run (each side then reads the disk; diffpipe's load rows say how much was cached)")
     parser.add_argument("--in-process", action="store_true",
                         help="run diffusers in this interpreter (default: a child process, timed from its start)")
     args = parser.parse_args()
@@ -327,10 +386,22 @@ def main() -> int:
     work = out.parent / (out.stem + "-files")
     work.mkdir(parents=True, exist_ok=True)
     ours = theirs = None
+    cached_after_eviction = {}
+
+    def evict(side: str) -> None:
+        if args.cold:
+            cached_after_eviction[side] = evict_page_cache(args.model)
+            print(f"{side}: the folder's files dropped from the page cache "
+                  f"({100 * cached_after_eviction[side]:.1f}% still cached)", flush=True)
+            if cached_after_eviction[side] > 0.05:
+                print("  WARNING: the filesystem kept the pages (tmpfs keeps them): this is not a read from the disk")
+
     if args.only != "diffusers":
+        evict("diffpipe")
         ours = run_diffpipe(args, work)
         print(f"diffpipe: done in {ours['process_wall_seconds']:.1f} s (process wall)", flush=True)
     if args.only != "diffpipe":
+        evict("diffusers")  # here, not in the child: the child is not given --cold
         if args.in_process:
             theirs = run_diffusers(args, work)
             print("diffusers: done", flush=True)
@@ -340,13 +411,15 @@ def main() -> int:
     weights = folder_weight_bytes(args.model)
     rows = print_table(args, ours, theirs, weights)
     result = {"settings": {k: v for k, v in vars(args).items()}, "weights_bytes": weights, "rows": rows,
-              "diffpipe": ours, "diffusers": theirs}
+              "diffpipe": ours, "diffusers": theirs, "page_cache_after_eviction": cached_after_eviction}
     if ours and theirs:
         result["image_psnr_db"] = psnr(work / "diffpipe.png", work / "diffusers.png")
         print(f"image PSNR diffpipe vs diffusers: {fmt(result['image_psnr_db'], '.1f')} dB")
     if ours:
         result["process_wall_parts"] = print_process_wall(ours)
         result["done_when"] = print_done_when(ours, theirs, result.get("image_psnr_db"))
+        if args.cold:
+            print("(--cold: both sides read the disk; the issue's figures are from the page cache)")
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {out}")
     return 0
