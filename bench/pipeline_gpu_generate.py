@@ -28,6 +28,7 @@ import sys
 import time
 
 GB = 1e9
+LOW_BIT = bytes(b & 1 for b in range(256))  # a translation table: mincore's resident bit of each byte
 PROMPT = "a photo of a red fox in the snow, golden hour"
 
 
@@ -89,7 +90,7 @@ def page_cache_fraction(files: list) -> float:
                 libc.munmap(base, size)
         finally:
             os.close(fd)
-        resident += sum(b & 1 for b in vector.raw)
+        resident += vector.raw[:pages].translate(LOW_BIT).count(1)  # the other bits are reserved
         total += pages
     return resident / total if total else 1.0
 
