@@ -220,6 +220,7 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   // The transport is settled before the device is opened or anything loaded: --transport nccl on the CPU or
   // without NCCL in the build fails here, in milliseconds.
   runtime::choose_transport(o.runtime.transport, o.device == "cuda", world.size());
+  io::check_load_environment();
   request.device = usable_device(o.device);
   const at::Device this_rank_device = runtime::rank_device(request.device, world);
   // The context and the pinned staging on a thread, beside the folder's checks and the plans below (the memory

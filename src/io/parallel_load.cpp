@@ -23,6 +23,7 @@
 #include "core/human_units.h"
 #include "core/log.h"
 #include "io/load_budget.h"
+#include "io/load_progress.h"
 #include "io/torch_tensors.h"
 
 namespace dp::io {
@@ -72,6 +73,11 @@ struct LoadJob {
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
   std::exception_ptr error;
+  LoadProgress* progress = nullptr;  // told of every piece read
+
+  void piece_read(const Piece& piece) {
+    if (progress != nullptr) progress->add(piece.size);
+  }
 
   // Keeps the first failure, with the file and tensor it concerns, and stops the other readers.
   void fail(const Piece& piece, const std::string& what) {
@@ -116,12 +122,13 @@ void read_pieces_on_host(LoadJob& job, bool copy) {
     if (copy) {
       std::memcpy(static_cast<std::byte*>(job.outputs[piece.tensor].data_ptr()) + piece.offset, source + piece.offset,
                   piece.size);
-      continue;
+    } else {
+      const auto* bytes = reinterpret_cast<const volatile unsigned char*>(source);
+      unsigned sum = 0;
+      for (uint64_t at = piece.offset; at < piece.offset + piece.size; at += kPageBytes) sum += bytes[at];
+      (void)sum;
     }
-    const auto* bytes = reinterpret_cast<const volatile unsigned char*>(source);
-    unsigned sum = 0;
-    for (uint64_t at = piece.offset; at < piece.offset + piece.size; at += kPageBytes) sum += bytes[at];
-    (void)sum;
+    job.piece_read(piece);
   }
 }
 
@@ -203,6 +210,7 @@ void stage_pieces(LoadJob& job, const at::Device& device, cudaEvent_t allocated)
                  "cudaMemcpyAsync to the device");
       check_cuda(cudaEventRecord(copied[slot], stream.stream()), "cudaEventRecord");
       in_flight[slot] = true;
+      job.piece_read(*current);  // read; its copy is queued behind the others on this reader's stream
     }
     check_cuda(cudaStreamSynchronize(stream.stream()), "waiting for the copy stream");
   } catch (const std::exception& e) {
@@ -302,6 +310,11 @@ void set_load_policy(const LoadPolicy& chosen) {
   policy = chosen;
 }
 
+void check_load_environment() {
+  load_threads();
+  LoadProgress::interval_from_environment();
+}
+
 int load_threads() {
   if (const char* env = std::getenv("DIFFPIPE_LOAD_THREADS")) {
     const int n = std::atoi(env);
@@ -372,6 +385,8 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
                                                            std::max<std::size_t>(piece_count, 1)));
   figures.pinned_staging = device.is_cuda();
   job.outputs.resize(job.names.size());
+  LoadProgress progress(figures.source, figures.bytes, LoadProgress::interval_from_environment());
+  job.progress = &progress;
   LoadBudget* budget = current_load_budget();
   uint64_t bytes_read = 0;
   // Portions of the tensors, in order: all at once without a budget; with one, what fits in its room now, then
@@ -384,7 +399,9 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
       portion_bytes += job.infos[end++]->nbytes();
     if (end == begin) {
       figures.bytes_before_wait = bytes_read;
-      figures.waited_seconds += budget->wait_for_lift();
+      const double waited = budget->wait_for_lift();
+      figures.waited_seconds += waited;
+      progress.waited(waited);
       continue;
     }
     if (budget != nullptr) budget->take(portion_bytes);
@@ -406,6 +423,7 @@ std::shared_ptr<LoadedTensors> load_parallel(const WeightIndex& weights, const s
     begin = end;
   }
   for (std::size_t t = 0; t < job.names.size(); ++t) result->tensors_[job.names[t]] = std::move(job.outputs[t]);
+  figures.progress_lines = progress.lines();
   figures.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() - figures.waited_seconds;
   DP_INFO("load ", figures.source, ": ", figures.tensors, " tensors, ", std::fixed, std::setprecision(3),

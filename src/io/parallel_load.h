@@ -34,6 +34,7 @@ struct LoadFigures {
   // With a load budget on the loading thread: the time spent waiting for its lift, and the bytes read before.
   double waited_seconds = 0;
   uint64_t bytes_before_wait = 0;
+  int progress_lines = 0;  // lines written while it read (io/load_progress.h: every 5 s by default)
   double gigabytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0; }
 };
 
@@ -55,6 +56,9 @@ void set_load_policy(const LoadPolicy& policy);
 // Readers used by a parallel load: min(hardware threads, 16), overridden by DIFFPIPE_LOAD_THREADS (1 gives the
 // sequential order, for comparisons).
 int load_threads();
+// Reads the loader's settings from the environment (DIFFPIPE_LOAD_THREADS, DIFFPIPE_LOAD_PROGRESS_SECONDS) and
+// throws on a bad one: called before any work, so that a typo is refused at the start, not after the encoders ran.
+void check_load_environment();
 
 // Tensors read ahead of the model code that asks for them, in the file's dtype on the target device. Each is
 // handed out once (take), so the component's memory is held once.

@@ -3,11 +3,14 @@
 // folder was opened fails naming the file and the tensor.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "fixtures/random_model.h"
@@ -18,6 +21,7 @@
 #endif
 
 #include "io/load_budget.h"
+#include "io/load_progress.h"
 #include "io/parallel_load.h"
 #include "io/torch_tensors.h"
 #include "models/flux/flux_transformer.h"
@@ -106,6 +110,92 @@ TEST(ParallelLoad, ShardedModelGivesTheSequentialBits) {
   }
   EXPECT_GE(io::load_history().size(), 4u);
   EXPECT_DOUBLE_EQ(io::load_history().back().resident_fraction, 1.0) << "just written and read: in the page cache";
+}
+
+// One environment variable set for one test, unset again after it.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedVariable() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST(LoadProgress, ALineWhenOneIsDueWithTheBytesTheRateAndTheTimeLeft) {
+  std::vector<std::string> lines;
+  io::LoadProgress due("/models/flux/transformer", 3'000'000'000, 1e-9,
+                       [&](const std::string& line) { lines.push_back(line); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  due.add(1'000'000'000);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(due.lines(), 1);
+  EXPECT_NE(lines[0].find("load /models/flux/transformer: 1.00 of 3.00 GB read (33%) in "), std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find(" GB/s, about "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(" left"), std::string::npos) << lines[0];
+
+  std::vector<std::string> none;
+  io::LoadProgress never("/m", 3'000'000'000, 0, [&](const std::string& l) { none.push_back(l); });
+  io::LoadProgress not_yet("/m", 3'000'000'000, 3600, [&](const std::string& l) { none.push_back(l); });
+  for (int i = 0; i < 3; ++i) {
+    never.add(1'000'000'000);
+    not_yet.add(1'000'000'000);
+  }
+  EXPECT_TRUE(none.empty()) << "0 writes no line, and a load faster than the interval none";
+  EXPECT_EQ(never.bytes_done(), 3'000'000'000u);
+}
+
+// Readers on many threads: every byte counted, and each due line written once, by one of them.
+TEST(LoadProgress, ReadersOnManyThreadsCountEveryByte) {
+  std::atomic<int> written{0};
+  io::LoadProgress progress("/m", 8 * 5000 * 4096, 1e-5, [&](const std::string&) { ++written; });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 8; ++t)
+    readers.emplace_back([&] {
+      for (int i = 0; i < 5000; ++i) progress.add(4096);
+    });
+  for (auto& reader : readers) reader.join();
+  EXPECT_EQ(progress.bytes_done(), uint64_t{8} * 5000 * 4096);
+  EXPECT_EQ(written.load(), progress.lines());
+  EXPECT_LE(progress.lines(), 8 * 5000);
+}
+
+TEST(LoadProgress, TheIntervalComesFromTheEnvironmentAndIsChecked) {
+  ::unsetenv("DIFFPIPE_LOAD_PROGRESS_SECONDS");
+  EXPECT_DOUBLE_EQ(io::LoadProgress::interval_from_environment(), 5.0);
+  {
+    const ScopedVariable zero("DIFFPIPE_LOAD_PROGRESS_SECONDS", "0");
+    EXPECT_DOUBLE_EQ(io::LoadProgress::interval_from_environment(), 0.0);
+  }
+  {
+    const ScopedVariable half("DIFFPIPE_LOAD_PROGRESS_SECONDS", "0.5");
+    EXPECT_DOUBLE_EQ(io::LoadProgress::interval_from_environment(), 0.5);
+  }
+  for (const char* bad : {"", "five", "-1", "2s", "inf", "nan"}) {
+    const ScopedVariable variable("DIFFPIPE_LOAD_PROGRESS_SECONDS", bad);
+    try {
+      io::check_load_environment();
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("DIFFPIPE_LOAD_PROGRESS_SECONDS"), std::string::npos) << message;
+      EXPECT_NE(message.find(std::string("got '") + bad + "'"), std::string::npos) << message;
+    }
+  }
+}
+
+// A load that outlasts the interval says how far it got while it reads; a fast one only its last line.
+TEST(ParallelLoad, ALongLoadWritesProgressLines) {
+  const LoadThreads threads(3);
+  const std::string dir = write_sharded_transformer("parallel-load-progress");
+  {
+    const ScopedVariable often("DIFFPIPE_LOAD_PROGRESS_SECONDS", "0.000001");
+    expect_same_as_sequential(dir, at::kFloat, true);
+    EXPECT_GE(io::load_history().back().progress_lines, 1);
+  }
+  expect_same_as_sequential(dir, at::kFloat, true);
+  EXPECT_EQ(io::load_history().back().progress_lines, 0) << "a load of milliseconds, against 5 s";
 }
 
 // A model's read-ahead scope gives every tensor as reading one by one does, part of a model too.
