@@ -30,7 +30,9 @@ void LoadBudget::take(uint64_t bytes) {
 double LoadBudget::wait_for_lift() const {
   const auto started = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
+  ++waiters_;
   const bool done = lifted_signal_.wait_for(lock, lift_timeout_, [this] { return lifted_; });
+  --waiters_;
   DP_CHECK(done, "loading waited ", lift_timeout_.count() / 1000.0, " s for ", awaited_, " and gave up (",
            human_size(static_cast<double>(taken_)), " of ", human_size(static_cast<double>(early_bytes_)),
            " loaded early)");
@@ -48,6 +50,11 @@ void LoadBudget::lift() {
 bool LoadBudget::lifted() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return lifted_;
+}
+
+int LoadBudget::waiters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiters_;
 }
 
 uint64_t LoadBudget::taken_early() const {

@@ -31,6 +31,9 @@ class LoadBudget {
   void lift();
 
   bool lifted() const;
+  // How many loads are blocked in wait_for_lift() now: what lifts the budget can tell a load that waits from one
+  // still reading its early part (tests hold the lift for a known time after the wait began).
+  int waiters() const;
   uint64_t early_bytes() const { return early_bytes_; }
   uint64_t taken_early() const;  // bytes taken before the lift
   const std::string& awaited() const { return awaited_; }
@@ -42,6 +45,7 @@ class LoadBudget {
   mutable std::mutex mutex_;
   mutable std::condition_variable lifted_signal_;
   uint64_t taken_ = 0;
+  mutable int waiters_ = 0;
   bool lifted_ = false;
 };
 

@@ -44,12 +44,19 @@ TEST(LoadBudget, AWaiterWakesWhenAnotherThreadLifts) {
     waited = budget.wait_for_lift();
     returned = true;
   });
+  // Held 200 ms from when the waiter is seen blocked, so the wait it reports lasts at least that long however
+  // late its thread starts on a busy machine.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (budget.waiters() == 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_EQ(budget.waiters(), 1);
   std::this_thread::sleep_for(milliseconds(200));
   EXPECT_FALSE(returned) << "the wait returned before the lift";
   budget.lift();
   waiter.join();
   EXPECT_TRUE(returned);
-  EXPECT_GE(waited, 0.15);
+  EXPECT_EQ(budget.waiters(), 0);
+  EXPECT_GE(waited, 0.2);
   EXPECT_LT(waited, 15.0);
 }
 

@@ -259,8 +259,10 @@ TEST(ParallelLoad, RewrittenShardFailsNamingFileAndTensor) {
   }
 }
 
-// A load under a budget a third the component's size, lifted by another thread after `hold`: what the load
-// has taken from the device by then (peak allocated on CUDA, 0 on the CPU) is noted just before the lift.
+// A load under a budget a third the component's size, lifted by another thread `hold` after the load began
+// to wait for it (so the wait lasts at least `hold` however slow the load's start: a fresh CUDA context and
+// pinned buffers took 250 ms on an H100): what the load has taken from the device by then (peak allocated on
+// CUDA, 0 on the CPU) is noted just before the lift.
 struct BudgetedLoad {
   std::shared_ptr<io::LoadedTensors> loaded;
   uint64_t early_bytes = 0;
@@ -275,6 +277,10 @@ BudgetedLoad load_under_budget(const io::WeightIndex& index, const at::Device& d
   io::LoadBudget budget(out.early_bytes, "the test's lift", std::chrono::milliseconds(30000));
   pipeline::reset_peak_memory(device);
   std::thread lifter([&] {
+    // Bounded: a load that never waits fails the test's figures after 30 s rather than hang it.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (budget.waiters() == 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(hold);
     if (device.is_cuda()) out.device_bytes_before_lift = pipeline::peak_memory_bytes(device);
     budget.lift();
