@@ -1,5 +1,6 @@
 #include "io/load_progress.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

@@ -1,6 +1,7 @@
 """bench/pipeline_gpu_generate.py --cold's helpers on files the test writes: page_cache_fraction finds a file it
 has just read in the page cache, evict_page_cache drops every file of a folder (its subfolders too) from it, and
-reading them again brings them back. Files go under the directory given (the build tree, on disk: tmpfs keeps its
+reading them again brings them back; disk_read reads the disk past the page cache (O_DIRECT), every byte of its
+ranges, and leaves nothing cached. Files go under the directory given (the build tree, on disk: tmpfs keeps its
 pages, as it must). Exits non-zero on the first wrong figure."""
 import os
 import pathlib
@@ -42,6 +43,14 @@ def main() -> int:
         expected = pages[root / "model.safetensors"] / sum(pages.values())
         check(abs(whole - expected) < 0.02,
               f"reading one file back brings its pages alone ({100 * whole:.1f}%, {100 * expected:.1f}% expected)")
+        big = root / "transformer" / "big.safetensors"  # the largest weight file: what disk_read reads
+        big.write_bytes(os.urandom(40 << 20))
+        bench.evict_page_cache(folder)
+        for readers in (1, 4):
+            done, seconds = bench.disk_read(folder, readers, 32 << 20)
+            check(done == 32 << 20 and seconds > 0,
+                  f"disk_read with {readers} reader(s) reads the limit's bytes ({done})")
+        check(bench.page_cache_fraction([big]) < 0.05, "disk_read reads past the page cache: nothing of it cached")
     return 0
 
 
