@@ -15,7 +15,8 @@
 # $OUT receives at most 8 files (what a device call returns): summary.txt (this output), pipeline-all.json and
 # pipeline-overlap.json (every figure), both images, and logs.tar.gz (every log and report).
 #   bash bench/gpu_pipeline.sh [more bench/pipeline_gpu_generate.py arguments, e.g. --steps 4]
-#   bash bench/gpu_pipeline.sh --cold: every run reads the disk, the folder dropped from the page cache before it
+#   bash bench/gpu_pipeline.sh --cold: every run reads the disk, the folder dropped from the page cache before it;
+#   the disk's own rate (O_DIRECT, 1 and 16 readers) is measured before and after the runs
 #   PIPE_SIDE=diffpipe or diffusers runs one side only; MODEL=DIR uses another folder.
 #   SKIP_TESTS=1 leaves out the CUDA tests (3 and 4), SKIP_ORDERS=1 the two load orders (2); VARIANTS adds
 #   diffpipe runs (see below).
