@@ -130,11 +130,14 @@ part_seed() {
     bounded "${mpi2[@]}" "$bin" "${seed[@]}" --max-memory "$caps" --transport nccl --out "$work/$name.png" \
       --report-json "$work/$name.report.json" --report "$work/$name.rank.json" > "$work/$name.log" 2>&1 \
       || { failed "seed, 2 ranks $variant"; grep -E "error|FAIL" "$work/$name.log" | head -5; }
-    echo "$name: process wall $(python3 -c "import time; print(f'{time.time() - $wall_started:.2f}')") s (mpirun and start-up included)"
+    # Kept as a file too: bench/gpu_pipeline.sh reads the capped run's wall for issue 25's two-GPU row.
+    python3 -c "import time; print(f'{time.time() - $wall_started:.2f}')" > "$work/$name.wall"
+    echo "$name: process wall $(cat "$work/$name.wall") s (mpirun and start-up included)"
     grep -oE "phase (encode|denoise|decode): hf_device_map .*" "$work/$name.log" | sed 's/^/  /'
     summarise_run "$name" 2
     if cmp -s "$work/seed-1.png" "$work/$name.png"; then
       echo "  PNG byte-identical to 1 rank ($(stat -c %s "$work/$name.png") bytes)"
+      touch "$work/$name.identical"
     else
       failed "seed, 2 ranks $variant: the PNG differs from 1 rank"
     fi
