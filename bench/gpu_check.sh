@@ -301,7 +301,7 @@ PY
 tiny_request=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 --height 128
   --width 192 --dtype fp32 --device cuda --output-type latent --microbatch-size 1)
 tiny_args=("${tiny_request[@]}" --steps 4 --transport-timeout 60)
-mpi() { bounded mpirun --allow-run-as-root --oversubscribe -np "$1" "${@:2}"; }
+mpi() { bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$1" "${@:2}"; }
 
 nccl_tiny() {
   bounded "$bin" "${tiny_args[@]}" --out "$work/tiny-1.h5" > "$work/tiny-1.log" 2>&1 \
@@ -321,7 +321,7 @@ nccl_tiny() {
 killed_rank() {
   local log="$work/killed.log" victim=2 timeout=20 job waited=0 lines_before killed_at code=0 pids=()
   # timeout itself in the background (not a function): killing it passes the signal on to mpirun.
-  timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" mpirun --allow-run-as-root --oversubscribe -np 3 "$bin" \
+  timeout -k 5 "$(( $(left) > 20 ? $(left) - 10 : 10 ))" mpirun --allow-run-as-root --bind-to none --oversubscribe -np 3 "$bin" \
     "${tiny_request[@]}" --steps 1000 --transport nccl --transport-timeout "$timeout" --out "$work/killed.h5" > "$log" 2>&1 &
   job=$!
   until grep -q "progress 1/1000" "$log" 2>/dev/null; do

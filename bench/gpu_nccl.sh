@@ -68,7 +68,7 @@ bounded "$bin" "${tiny_args[@]}" --out "$work/tiny-1.h5" > "$work/tiny-1.log" 2>
 for transport in nccl mpi; do
   for n in 2 3; do
     name="tiny-$n-$transport"
-    bounded mpirun --allow-run-as-root --oversubscribe -np $n "$bin" "${tiny_args[@]}" --transport $transport --out "$work/$name.h5" --report "$work/$name.json" \
+    bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np $n "$bin" "${tiny_args[@]}" --transport $transport --out "$work/$name.h5" --report "$work/$name.json" \
       > "$work/$name.log" 2>&1 || { failed "$name exited non-zero"; grep -E "error|failed|NCCL WARN" "$work/$name.log" | head -8; }
     echo "$name logged: $(nccl_logged "$work/$name.log")"
     grep -q "transport $transport" "$work/$name.log" || failed "$name did not log transport $transport"
@@ -86,7 +86,7 @@ pack
 # 2. A rank killed with SIGKILL mid-run under NCCL.
 kill_check() {
   local log="$work/killed.log" victim=2 timeout=20
-  bounded mpirun --allow-run-as-root --oversubscribe -np 3 "$bin" generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 \
+  bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np 3 "$bin" generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-images-per-prompt 2 \
     --height 128 --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 \
     --transport nccl --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
   # Only what is written after the kill can report it: every line of the victim says "[rank N]" anyway.
@@ -140,7 +140,7 @@ fi
 for transport in ${FULL_TRANSPORTS:-nccl mpi}; do
   if [ "$(left)" -lt 60 ]; then echo "full size over $transport skipped: $(left) s left"; continue; fi
   name="full-2-$transport"
-  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport "$transport" \
+  bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map auto --max-memory 0=16GB,1=16GB --transport "$transport" \
     --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
     || { failed "$name exited non-zero"; grep -E "error|failed" "$work/$name.log" | head -6; }
   echo "$name logged: $(nccl_logged "$work/$name.log")"
@@ -174,7 +174,7 @@ if [ "${SEED:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
   bounded "$bin" "${seed_args[@]}" --out "$work/seed-1.png" > "$work/seed-1.log" 2>&1 || { failed "seed workflow, 1 rank"; tail -6 "$work/seed-1.log"; }
   grep -E "ms/step|^  (encode|denoise|decode) " "$work/seed-1.log" | tail -4 | cut -c1-160
   elapsed "seed workflow, 1 rank"
-  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${seed_args[@]}" --pipeline-device-map balanced \
+  bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" "${seed_args[@]}" --pipeline-device-map balanced \
     --max-memory 0=16GB,1=16GB --device-map auto --transport nccl --out "$work/seed-2.png" --report "$work/seed-2.json" \
     > "$work/seed-2.log" 2>&1 || { failed "seed workflow, 2 ranks"; grep -E "error|failed|memory" "$work/seed-2.log" | head -6; }
   grep -E "phase (encode|denoise|decode): hf_device_map" "$work/seed-2.log" | cut -c1-260
@@ -191,7 +191,7 @@ if [ "${OFFLOAD:-1}" = 1 ] && [ "${FULL:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   off_args=(generate --model "$model" --prompt "a cat holding a sign that says hello world" --height 768 --width 1360
     --steps 4 --guidance 3.5 --dtype bf16 --device cuda --output-type latent)
   bounded "$bin" "${off_args[@]}" --out "$work/off-1.h5" > "$work/off-1.log" 2>&1 || failed "offload reference, 1 rank"
-  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${off_args[@]}" --device-map auto \
+  bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" "${off_args[@]}" --device-map auto \
     --max-memory 0=12GB,1=8GB,cpu=64GB --transport nccl --out "$work/off-2.h5" --report "$work/off-2.json" \
     > "$work/off-2.log" 2>&1 || { failed "offload, 2 ranks"; grep -E "error|failed|memory" "$work/off-2.log" | head -6; }
   grep -E "runtime: ring|offloaded block|ms/step" "$work/off-2.log" | tail -4 | cut -c1-240

@@ -67,7 +67,7 @@ offload_section() {
   save_map 0=12GB,1=8GB,cpu=2GB "$out/offload-disk.json"
   for run in "a:auto:0=12GB,1=8GB,cpu=64GB" "b:$out/offload-cpu.json:0=12GB,1=10GB" "c:$out/offload-disk.json:0=12GB,1=10GB"; do
     name=${run%%:*}; map=${run#*:}; caps=${map##*:}; map=${map%:*}
-    mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" --device-map "$map" --max-memory "$caps" \
+    mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" "${args[@]}" --device-map "$map" --max-memory "$caps" \
       --out "$out/offload-$name.h5" --report "$out/offload-$name-report.json" > "$out/offload-$name.log" 2>&1
     local rc=$?
     echo "3$name: --device-map $(basename "$map") --max-memory $caps: exit $rc"
@@ -111,7 +111,7 @@ tiny_args=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --num-imag
   --width 192 --steps 4 --dtype fp32 --device cuda --output-type latent --microbatch-size 1 --transport mpi)
 "$bin" "${tiny_args[@]}" --out "$out/tiny-1.h5" > "$out/tiny-1.log" 2>&1 || { status=1; tail -5 "$out/tiny-1.log"; }
 for n in 2 3; do
-  mpirun --allow-run-as-root --oversubscribe -np $n "$bin" "${tiny_args[@]}" --out "$out/tiny-$n.h5" \
+  mpirun --allow-run-as-root --bind-to none --oversubscribe -np $n "$bin" "${tiny_args[@]}" --out "$out/tiny-$n.h5" \
     > "$out/tiny-$n.log" 2>&1 || { status=1; tail -5 "$out/tiny-$n.log"; }
   if same_latents "$out/tiny-1.h5" "$out/tiny-$n.h5"; then
     echo "tiny, cuda fp32: $n ranks bit-identical to 1"
@@ -134,7 +134,7 @@ full_args=(generate --model "$model" --prompt "a cat holding a sign that says he
 grep -E "ms/step|stage (encode|denoise): [0-9]" "$out/full-1.log" | tail -3
 elapsed "full size, 1 rank"
 for map in auto pipeline; do
-  mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map "$map" \
+  mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" "${full_args[@]}" --device-map "$map" \
     --max-memory 0=16GB,1=16GB --out "$out/full-2-$map.h5" --report "$out/report-2-$map.json" \
     > "$out/full-2-$map.log" 2>&1 || { status=1; tail -12 "$out/full-2-$map.log"; }
   grep -E "runtime: ring|capped|loaded blocks|ms/step|microbatch steps|stage (encode|denoise): [0-9]" \

@@ -101,7 +101,7 @@ check() {
       read -r k transport <<< "$spec"
       [ "$dtype" = bf16 ] && [ "$transport" = mpi ] && continue
       local name="tiny-$dtype-k$k-$transport"
-      bounded mpirun --allow-run-as-root --oversubscribe -np "$k" "$bin" "${args[@]}" --sequence-parallel "$k" --transport "$transport" \
+      bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$k" "$bin" "${args[@]}" --sequence-parallel "$k" --transport "$transport" \
         --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
         || { failed "$name exited non-zero"; grep -E "error|failed|NCCL WARN" "$work/$name.log" | head -6; continue; }
       grep -q "transport $transport" "$work/$name.log" || failed "$name did not log transport $transport"
@@ -115,7 +115,7 @@ check() {
 
   # 2. A rank of a group killed with SIGKILL mid-run under NCCL: the job ends within the timeout, named.
   local log="$work/killed.log" victim=1 timeout=20
-  bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" generate --model "$tiny" --prompt "a cat" --height 128 \
+  bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" generate --model "$tiny" --prompt "a cat" --height 128 \
     --width 192 --steps 1000 --dtype fp32 --device cuda --output-type latent --sequence-parallel 2 --transport nccl \
     --transport-timeout $timeout --out "$work/killed.h5" > "$log" 2>&1 &
   # Only what is written after the kill can report it: every line of rank 1 says "[rank 1]" anyway.
@@ -140,7 +140,7 @@ check() {
   for k in 2 3; do
     [ "$(left)" -lt 60 ] && { echo "full size K = $k skipped: $(left) s left"; continue; }
     local name="full-k$k"
-    bounded mpirun --allow-run-as-root --oversubscribe -np $k "$bin" "${full[@]}" --sequence-parallel $k --transport nccl \
+    bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np $k "$bin" "${full[@]}" --sequence-parallel $k --transport nccl \
       --out "$work/$name.h5" --report "$work/$name.json" > "$work/$name.log" 2>&1 \
       || { failed "$name exited non-zero"; grep -E "error|failed|memory" "$work/$name.log" | head -6; continue; }
     grep -E "ms/step" "$work/$name.log" | tail -1 | cut -c1-160
@@ -197,7 +197,7 @@ bench() {
     bounded "$bin" "${args[@]}" --out "$work/bench-$size-1.h5" --report-json "$work/bench-$size-1.steps.json" \
       > "$work/bench-$size-1.log" 2>&1 \
       || { echo "$size, 1 GPU failed"; tail -4 "$work/bench-$size-1.log"; continue; }
-    bounded mpirun --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" --sequence-parallel 2 --transport nccl \
+    bounded mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "$bin" "${args[@]}" --sequence-parallel 2 --transport nccl \
       --out "$work/bench-$size-2.h5" --report "$work/bench-$size-2.json" --report-json "$work/bench-$size-2.steps.json" \
       > "$work/bench-$size-2.log" 2>&1 \
       || { echo "$size, K = 2 failed"; grep -E "error|failed" "$work/bench-$size-2.log" | head -4; continue; }

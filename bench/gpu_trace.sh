@@ -31,7 +31,7 @@ bin="$here/build-gpu/diffpipe"
 model="$work/flux-dev"
 [ -f "$model/model_index.json" ] || "$bin" make-random --arch flux-dev --pipeline --out "$model" > "$out/make-random.log" 2>&1 \
   || { tail -5 "$out/make-random.log"; exit 1; }
-timeout -k 5 420 mpirun --allow-run-as-root -np 2 "$bin" generate --model "$model" \
+timeout -k 5 420 mpirun --allow-run-as-root --bind-to none -np 2 "$bin" generate --model "$model" \
   --prompt "a cat holding a sign that says hello world" --prompt "a lighthouse at dusk" --num-images-per-prompt 2 \
   --microbatch-size 1 --height "$height" --width "$width" --steps "$steps" --guidance 3.5 --dtype bf16 --device cuda \
   --transport "$transport" --out "$work/img.png" --report "$work/report.json" --trace "$out/trace-h200-2rank.json" > "$out/run.log" 2>&1 \

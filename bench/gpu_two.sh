@@ -57,7 +57,9 @@ if [ ! -f "$model/model_index.json" ]; then  # written last: its presence means 
 fi
 # Kept in $WORK between calls to a warm machine ($OUT starts empty each call); copied to $OUT when written.
 cal="$work/calibration.json"
-mpi2=(mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x NCCL_DEBUG)
+# --bind-to none: Open MPI binds each of two ranks to one core, and a rank then loads its weights at 5 GB/s
+# instead of 35 (bench/RESULTS.md, 2026-12-07); users are told to launch this way (README, launch/mpirun.sh).
+mpi2=(mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x NCCL_DEBUG)
 steps=${STEPS:-12}
 device=${DEVICE:-cuda}
 dtype=${DTYPE:-bf16}

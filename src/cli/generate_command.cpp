@@ -17,6 +17,7 @@
 #include "cli/generate_paths.h"
 #include "cli/png_metadata.h"
 #include "cli/torch_boundary.h"
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 #include "core/exit_codes.h"
 #include "core/human_units.h"
@@ -223,6 +224,11 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   io::check_load_environment();
   request.device = usable_device(o.device);
   const at::Device this_rank_device = runtime::rank_device(request.device, world);
+  // A GPU rank bound to a core or two loads its weights at a fraction of its link's rate; said before any loads.
+  if (this_rank_device.is_cuda()) {
+    const std::string binding = io::cpu_binding_warning(usable_cpus(), machine_cpus());
+    if (!binding.empty()) DP_WARN(binding);
+  }
   // The context and the pinned staging on a thread, beside the folder's checks and the plans below (the memory
   // check's first CUDA call waits for the context).
   const std::future<void> device_opened = open_device_in_background(this_rank_device);

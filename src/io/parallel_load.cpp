@@ -19,6 +19,7 @@
 #include <iomanip>
 #include <thread>
 
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 #include "core/human_units.h"
 #include "core/log.h"
@@ -321,8 +322,19 @@ int load_threads() {
     DP_CHECK(n >= 1 && n <= 256, "DIFFPIPE_LOAD_THREADS must be in [1, 256], got '", env, "'");
     return n;
   }
-  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(hardware, 1, kMaxLoadThreads);
+  // The affinity mask, not the machine: a rank bound to one core gains nothing from 16 readers on it.
+  return std::clamp(usable_cpus(), 1, kMaxLoadThreads);
+}
+
+std::string cpu_binding_warning(int usable, int machine) {
+  // Below this many CPUs a load falls far short of the GPU's link; SLURM scripts commonly give 4 or more.
+  constexpr int kFewCpus = 4;
+  if (usable >= kFewCpus || usable >= machine) return {};
+  return str("this rank may run on ", usable, " of the machine's ", machine, " CPUs (its CPU affinity, set by the "
+             "launcher: Open MPI binds each rank to one core when it starts two or fewer), so its weights load with ",
+             usable, " reader thread(s): about 5 GB/s a CPU from the page cache, where 16 read 35 GB/s on an H100 "
+             "(bench/RESULTS.md, 2026-12-07). Start the ranks with `mpirun --bind-to none` (launch/mpirun.sh does) "
+             "or give each rank more CPUs (`mpirun --map-by slot:PE=8`, SLURM `--cpus-per-task=8`)");
 }
 
 at::Tensor LoadedTensors::take(const std::string& name, at::ScalarType dtype) {

@@ -53,9 +53,12 @@ struct LoadPolicy {
 LoadPolicy load_policy();
 void set_load_policy(const LoadPolicy& policy);
 
-// Readers used by a parallel load: min(hardware threads, 16), overridden by DIFFPIPE_LOAD_THREADS (1 gives the
-// sequential order, for comparisons).
+// Readers used by a parallel load: min(the CPUs this thread may run on, 16), overridden by DIFFPIPE_LOAD_THREADS
+// (1 gives the sequential order, for comparisons).
 int load_threads();
+// What to tell a user whose rank may run on few of the machine's CPUs (`usable` of `machine`), where loads would
+// crawl; empty when there are enough. The message names the cause and the launcher options that fix it.
+std::string cpu_binding_warning(int usable, int machine);
 // Reads the loader's settings from the environment (DIFFPIPE_LOAD_THREADS, DIFFPIPE_LOAD_PROGRESS_SECONDS) and
 // throws on a bad one: called before any work, so that a typo is refused at the start, not after the encoders ran.
 void check_load_environment();

@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 
 namespace dp::io {
@@ -101,7 +102,7 @@ std::vector<uint8_t> png_rgb_image_data(const std::vector<uint8_t>& pixels, int 
            row_bytes * static_cast<size_t>(height), " bytes of RGB, got ", pixels.size());
   // zlib's counters are 32-bit; a band stays far below that, the whole image may not.
   DP_CHECK(row_bytes + 1 < (1u << 30), "PNG image data: rows of ", width, " pixels are too wide");
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = usable_cpus();
   threads = std::min(threads, kMaxThreads);
   const int rows_per_band = std::max(kMinRowsPerBand, (height + threads - 1) / threads);
   const int bands = (height + rows_per_band - 1) / rows_per_band;  // every band holds at least one row

@@ -3,6 +3,7 @@
 // folder was opened fails naming the file and the tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -12,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "bind_one_cpu.h"
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 #include "fixtures/random_model.h"
 #include "fixtures/tiny_pipeline.h"
@@ -196,6 +199,39 @@ TEST(ParallelLoad, ALongLoadWritesProgressLines) {
   }
   expect_same_as_sequential(dir, at::kFloat, true);
   EXPECT_EQ(io::load_history().back().progress_lines, 0) << "a load of milliseconds, against 5 s";
+}
+
+// A rank bound to one core (Open MPI's default for two ranks) loads with one reader, not 16 crowding the core,
+// and gets the same bits; a thread it starts (the readers) inherits the mask.
+TEST(ParallelLoad, AThreadBoundToOneCpuLoadsWithOneReader) {
+  ASSERT_EQ(std::getenv("DIFFPIPE_LOAD_THREADS"), nullptr) << "the test's environment sets the reader count";
+  io::LoadPolicy policy;
+  policy.piece_bytes = 4096;
+  io::set_load_policy(policy);
+  const std::string dir = write_sharded_transformer("parallel-load-bound");
+  std::thread bound([&] {
+    ASSERT_GE(test::bind_this_thread_to_one_cpu(), 0);
+    EXPECT_EQ(io::load_threads(), 1);
+    expect_same_as_sequential(dir, at::kFloat, true);
+    EXPECT_EQ(io::load_history().back().threads, 1);
+  });
+  bound.join();
+  io::set_load_policy({});
+  EXPECT_EQ(io::load_threads(), std::min(usable_cpus(), 16)) << "this thread's mask is its own";
+}
+
+// The warning a GPU rank gets when its launcher bound it to a core or two: the cause and the fix, and nothing
+// where the rank has enough CPUs or the machine has no more.
+TEST(ParallelLoad, CpuBindingWarningNamesTheCauseAndTheFix) {
+  const std::string warning = io::cpu_binding_warning(1, 16);
+  for (const std::string part : {"1 of the machine's 16 CPUs", "Open MPI binds each rank to one core",
+                                 "1 reader thread(s)", "mpirun --bind-to none", "--cpus-per-task"})
+    EXPECT_NE(warning.find(part), std::string::npos) << part << " in: " << warning;
+  EXPECT_FALSE(io::cpu_binding_warning(3, 128).empty());
+  EXPECT_TRUE(io::cpu_binding_warning(4, 128).empty()) << "4 CPUs, a common --cpus-per-task";
+  EXPECT_TRUE(io::cpu_binding_warning(16, 16).empty());
+  EXPECT_TRUE(io::cpu_binding_warning(2, 2).empty()) << "the machine has no more to give";
+  EXPECT_TRUE(io::cpu_binding_warning(1, 1).empty());
 }
 
 // A model's read-ahead scope gives every tensor as reading one by one does, part of a model too.
