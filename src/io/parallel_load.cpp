@@ -330,8 +330,9 @@ std::string cpu_binding_warning(int usable, int machine) {
   // Below this many CPUs a load falls far short of the GPU's link; SLURM scripts commonly give 4 or more.
   constexpr int kFewCpus = 4;
   if (usable >= kFewCpus || usable >= machine) return {};
-  return str("this rank may run on ", usable, " of the machine's ", machine, " CPUs (its CPU affinity, set by the "
-             "launcher: Open MPI binds each rank to one core when it starts two or fewer), so its weights load with ",
+  return str("this rank may run on ", usable, " of the machine's ", machine, " CPUs (its CPU affinity, as the "
+             "launcher or a container set it: Open MPI binds each rank to one core when it starts two or fewer), so "
+             "its weights load with ",
              usable, " reader thread(s): about 5 GB/s a CPU from the page cache, where 16 read 35 GB/s on an H100 "
              "(bench/RESULTS.md, 2026-12-07). Start the ranks with `mpirun --bind-to none` (launch/mpirun.sh does) "
              "or give each rank more CPUs (`mpirun --map-by slot:PE=8`, SLURM `--cpus-per-task=8`)");

@@ -1,6 +1,7 @@
 // PNG and HDF5 outputs: round trips, and clear errors on files that are not what they claim.
 #include <gtest/gtest.h>
 
+#include "bind_one_cpu.h"
 #include "core/error.h"
 #include "io/hdf5_latents.h"
 #include "io/png_idat.h"
@@ -12,6 +13,7 @@
 
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 namespace dp::io {
 namespace {
@@ -88,6 +90,20 @@ TEST(PngImage, BandsOnAnyThreadCountInflateToTheImage) {
   }
   EXPECT_THROW(png_rgb_image_data(std::vector<uint8_t>(10), 2, 2), dp::Error);
   EXPECT_THROW(png_rgb_image_data({}, 0, 1), dp::Error);
+}
+
+// A rank that a launcher bound to one core (Open MPI's default for two ranks) writes the bytes one unbound
+// process writes: the default band count follows the machine, not the affinity mask.
+TEST(PngImage, AThreadBoundToOneCpuWritesTheSameBytes) {
+  const auto pixels = test_picture(301, 257);
+  const auto unbound = png_rgb_image_data(pixels, 301, 257);
+  std::vector<uint8_t> bound;
+  std::thread writer([&] {
+    ASSERT_GE(test::bind_this_thread_to_one_cpu(), 0);
+    bound = png_rgb_image_data(pixels, 301, 257);
+  });
+  writer.join();
+  EXPECT_EQ(bound, unbound);
 }
 
 TEST(PngImage, LargeImageWithTextRoundTripsThroughLibpng) {
