@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <future>
-#include <thread>
 
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 
 namespace dp::io {
@@ -103,7 +103,7 @@ std::vector<uint8_t> png_rgb_image_data(const std::vector<uint8_t>& pixels, int 
   DP_CHECK(row_bytes + 1 < (1u << 30), "PNG image data: rows of ", width, " pixels are too wide");
   // The machine's count, not the process's CPU affinity: the bands, and so the file's bytes, follow the count, and
   // a rank that a launcher bound to one core must write the same PNG as one process does.
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = machine_cpus();
   threads = std::min(threads, kMaxThreads);
   const int rows_per_band = std::max(kMinRowsPerBand, (height + threads - 1) / threads);
   const int bands = (height + rows_per_band - 1) / rows_per_band;  // every band holds at least one row
