@@ -15,7 +15,8 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
                  "An unknown key or a value of the wrong type is an error naming the key and the file");
   cmd.add_option("--ranks", o.ranks,
                  "the number of ranks this run needs (a config states it); checked against the MPI world before "
-                 "anything loads (0: any)")
+                 "anything loads (0: any). Start GPU ranks with `mpirun -np N --bind-to none` (or launch/mpirun.sh): "
+                 "Open MPI otherwise binds each of two ranks to one core and its weights load at a sixth of the rate")
       ->capture_default_str();
   cmd.add_option("--model", o.model,
                  "diffusers FLUX pipeline folder (model_index.json and components), or a Hugging Face model id "
