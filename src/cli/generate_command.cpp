@@ -263,12 +263,17 @@ void generate_on_this_rank(const GenerateOptions& given_options) {
   DP_DEBUG("memory check on ", this_rank_device.str(), " (the CUDA context's creation included): ",
            human_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - memory_check_started).count()));
   // The text encoders' first-use cost, paid on a thread beside the rest of the start (FluxPipeline::
-  // start_encoder_warm_up): on the rank whose GPU runs both, unless --no-warm-up or a memory cap, whose room the
-  // warm-up's zero weights would take. After the memory check, which must not count them.
-  const bool encoders_here = !checkpoints.resume && components.clip.rank == world.rank() &&
-                             components.t5.rank == world.rank() && !components.clip.on_cpu && !components.t5.on_cpu;
-  if (encoders_here && !o.no_warm_up && o.runtime.max_memory.empty())
-    flux.start_encoder_warm_up(request, this_rank_device);
+  // start_encoder_warm_up), for the encoders this rank runs on its GPU, unless --no-warm-up or a memory cap
+  // without room for the warm-up beside their weights. After the memory check, which must not count them.
+  if (!checkpoints.resume && !o.no_warm_up && this_rank_device.is_cuda()) {
+    const int gpu = world.rank() / std::max(o.runtime.sequence_parallel, 1);  // GPU d of --max-memory: group d
+    const auto warm = runtime::plan_encoder_warm_up(
+        components, flux.folder(), o.runtime.max_memory, request.dtype, world.rank(), gpu,
+        std::min<int64_t>(static_cast<int64_t>(request.encode_texts().size()), pipeline::FluxPipeline::kEncodeChunk),
+        request.max_sequence_length);
+    if (!warm.reason.empty()) DP_INFO("rank ", world.rank(), ": text encoders' warm-up ", warm.reason);
+    flux.start_encoder_warm_up(request, this_rank_device, warm.clip, warm.t5);
+  }
   mark_work_started();  // a failure from here on is a runtime error (exit 1), before it an input error (3)
   DP_INFO("generate: ", request.prompts.size(), " prompt(s) x ", request.num_images_per_prompt, " image(s), ",
           grid.image_width(), "x", grid.image_height(), ", ", request.steps, " steps, guidance ", request.guidance, ", seed ",

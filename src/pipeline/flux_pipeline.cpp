@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/human_units.h"
 #include "core/json_file.h"
 #include "core/log.h"
 #include "core/memory_stats.h"
@@ -230,6 +231,10 @@ at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, cons
     return models::ClipTextModel::load(folder_.component("text_encoder").path, request.dtype, device, request.lora);
   });
   if (after_load) after_load();
+  // A warm-up of CLIP alone (this rank runs no T5) is waited for, so that the forward finds its kernels loaded
+  // rather than loading them beside it; one that goes on to T5 is left to start_t5.
+  if (encoder_warm_up_.valid() && !encoder_warm_up_has_t5_)
+    timer.timed("CLIP warm-up (the rest)", [&] { encoder_warm_up_.get(); return 0; });
   const auto rows = timer.timed("CLIP tokenizer (the rest)", [&] { return tokenizing.get(); });
   return timer.timed("CLIP forward", [&] {
     int64_t first = 0;
@@ -244,21 +249,28 @@ at::Tensor FluxPipeline::encode_clip_pooled(const GenerateRequest& request, cons
   });
 }  // CLIP released here
 
-void FluxPipeline::start_encoder_warm_up(const GenerateRequest& request, const at::Device& device) {
-  if (!device.is_cuda() || encoder_warm_up_.valid()) return;
+void FluxPipeline::start_encoder_warm_up(const GenerateRequest& request, const at::Device& device, bool clip,
+                                         bool t5) {
+  if (!device.is_cuda() || encoder_warm_up_.valid() || (!clip && !t5)) return;
   const auto rows = std::min<int64_t>(static_cast<int64_t>(request.encode_texts().size()), kEncodeChunk);
-  encoder_warm_up_ = std::async(std::launch::async, [folder = folder_, rows, device, dtype = request.dtype,
+  encoder_warm_up_has_t5_ = t5;
+  encoder_warm_up_ = std::async(std::launch::async, [folder = folder_, rows, device, dtype = request.dtype, clip, t5,
                                                      seq = static_cast<int64_t>(request.max_sequence_length)] {
     c10::OptionalDeviceGuard device_guard(device);
     try {
-      const std::string clip_path = folder.component("text_encoder").path + "/config.json";
-      const std::string t5_path = folder.component("text_encoder_2").path + "/config.json";
-      const auto clip = models::ClipTextConfig::from_json(read_json_file(clip_path), clip_path);
-      const auto t5 = models::T5Config::from_json(read_json_file(t5_path), t5_path);
-      const double clip_seconds = models::ClipTextModel::warm_up(clip, dtype, device, rows);
-      const double t5_seconds = models::T5Encoder::warm_up(t5, dtype, device, rows, seq);
-      DP_INFO("text encoders: warmed up CLIP's forward in ", std::fixed, std::setprecision(3), clip_seconds,
-              " s, then T5's in ", t5_seconds, " s, beside the run's checks and loading");
+      std::string done;
+      if (clip) {
+        const std::string path = folder.component("text_encoder").path + "/config.json";
+        const auto config = models::ClipTextConfig::from_json(read_json_file(path), path);
+        done = str("CLIP's forward in ", human_seconds(models::ClipTextModel::warm_up(config, dtype, device, rows)));
+      }
+      if (t5) {
+        const std::string path = folder.component("text_encoder_2").path + "/config.json";
+        const auto config = models::T5Config::from_json(read_json_file(path), path);
+        done += str(done.empty() ? "" : ", then ", "T5's in ",
+                    human_seconds(models::T5Encoder::warm_up(config, dtype, device, rows, seq)));
+      }
+      DP_INFO("text encoders: warmed up ", done, ", beside the run's checks and loading");
     } catch (const std::exception& e) {
       DP_DEBUG("text encoders: early warm-up stopped, their first forwards pay the first-use cost: ", e.what());
     }

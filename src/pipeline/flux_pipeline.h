@@ -151,11 +151,13 @@ class FluxPipeline {
                            const std::function<void()>& weights_in = nullptr);
   // On CUDA the text encoders' first forwards pay the process's first-use cost (kernel modules, cuBLAS and cuDNN
   // handles): 0.6-0.9 s of CLIP's and T5's forwards on an H200 (bench/RESULTS.md, 2026-12-05). Called as soon as
-  // the device is known, this runs CLIP's and then T5's forward on zero weights at the request's shapes on a
-  // thread, while the run's checks and the weights' reading go on; the real forwards then find that work done
-  // (start_t5 takes the thread over, and T5's forward waits for it). Nothing happens off CUDA. A failure only
-  // logs: the real forwards report what is wrong, if anything is.
-  void start_encoder_warm_up(const GenerateRequest& request, const at::Device& device);
+  // the device is known, this runs the forward of CLIP (`clip`) and then of T5 (`t5`), the encoders this rank
+  // runs, on zero weights at the request's shapes on a thread, while the run's checks and the weights' reading
+  // go on; the real forwards then find that work done (CLIP's forward waits for a warm-up of CLIP alone;
+  // start_t5 takes over one that includes T5, and T5's forward waits for it). Nothing happens off CUDA. A
+  // failure only logs: the real forwards report what is wrong, if anything is.
+  void start_encoder_warm_up(const GenerateRequest& request, const at::Device& device, bool clip = true,
+                             bool t5 = true);
   // The rows of encode_texts() (pooled from CLIP, t5 from T5) as one row per image: each prompt's repeated
   // num_images_per_prompt times in a row, as diffusers' repeat + view does, and the same for the negatives.
   static PromptEmbeddings expand_per_image(const GenerateRequest& request, at::Tensor pooled, at::Tensor t5);
@@ -198,7 +200,8 @@ class FluxPipeline {
 
   io::ModelFolder folder_;
   std::vector<StageReport> reports_;
-  std::future<void> encoder_warm_up_;  // start_encoder_warm_up's thread, until start_t5 takes it
+  std::future<void> encoder_warm_up_;  // start_encoder_warm_up's thread, until start_t5 or CLIP's forward takes it
+  bool encoder_warm_up_has_t5_ = false;
 };
 
 }  // namespace dp::pipeline

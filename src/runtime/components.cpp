@@ -1,6 +1,10 @@
 #include "runtime/components.h"
 
 #include "core/error.h"
+#include "core/human_units.h"
+#include "core/json_file.h"
+#include "models/clip/clip_text_model.h"
+#include "models/t5/t5_encoder.h"
 #include "io/torch_tensors.h"
 #include "placement/component_placement.h"
 #include "placement/plan.h"
@@ -70,6 +74,43 @@ ComponentPlan plan_components(const io::ModelFolder& folder, const std::string& 
     place->rank = device.index * sequence_parallel;
   }
   return plan;
+}
+
+EncoderWarmUp plan_encoder_warm_up(const ComponentPlan& plan, const io::ModelFolder& folder,
+                                   const std::string& max_memory, at::ScalarType dtype, int rank, int gpu,
+                                   int64_t rows, int64_t seq) {
+  EncoderWarmUp warm;
+  warm.clip = plan.clip.rank == rank && !plan.clip.on_cpu;
+  warm.t5 = plan.t5.rank == rank && !plan.t5.on_cpu;
+  if ((!warm.clip && !warm.t5) || max_memory.empty()) return warm;
+  const auto caps = placement::read_max_memory_argument(max_memory);
+  const auto device = placement::Device::gpu(gpu);
+  if (!caps.has(device)) return warm;
+  const io::DType run_dtype = io::to_safetensors_dtype(dtype);
+  int64_t weights = 0, warm_up = 0;
+  if (warm.clip) {
+    const std::string path = folder.component(plan.clip.name).path + "/config.json";
+    const auto config = models::ClipTextConfig::from_json(read_json_file(path), path);
+    weights += plan.clip.bytes > 0 ? plan.clip.bytes
+                                   : placement::component_bytes(folder.component(plan.clip.name),
+                                                                folder.config(plan.clip.name), run_dtype);
+    warm_up = std::max(warm_up, models::ClipTextModel::warm_up_bytes(config, dtype, rows));
+  }
+  if (warm.t5) {
+    const std::string path = folder.component(plan.t5.name).path + "/config.json";
+    const auto config = models::T5Config::from_json(read_json_file(path), path);
+    weights += plan.t5.bytes > 0 ? plan.t5.bytes
+                                 : placement::component_bytes(folder.component(plan.t5.name),
+                                                              folder.config(plan.t5.name), run_dtype);
+    warm_up = std::max(warm_up, models::T5Encoder::warm_up_bytes(config, dtype, rows, seq));
+  }
+  const int64_t cap = caps.at(device);
+  const bool fits = weights + warm_up <= cap;
+  warm.reason = str(fits ? "on" : "off", ": the text encoders' weights (", human_size(static_cast<double>(weights)), ") and the warm-up (",
+                    human_size(static_cast<double>(warm_up)), " at most) ", fits ? "fit" : "do not fit", " the --max-memory cap of GPU ",
+                    gpu, " (", human_size(static_cast<double>(cap)), ")");
+  if (!fits) warm.clip = warm.t5 = false;
+  return warm;
 }
 
 }  // namespace dp::runtime

@@ -40,4 +40,18 @@ ComponentPlan plan_components(const io::ModelFolder& folder, const std::string& 
                               const std::string& max_memory, at::ScalarType dtype, int world_size,
                               int sequence_parallel = 1);
 
+// Which text encoders this rank warms up while weights stream (FluxPipeline::start_encoder_warm_up), and why.
+struct EncoderWarmUp {
+  bool clip = false, t5 = false;
+  std::string reason;  // for the log when a cap decided it
+};
+
+// The encoders `plan` puts on `rank`'s GPU are warmed up, unless --max-memory caps that GPU (`gpu`: GPU d of the
+// caps is stage group d) too tightly: the warm-up holds one block of zero weights and a forward's activations
+// (models' warm_up_bytes, the larger of the two, since they run one after the other) beside the weights of the
+// encoders loading on that GPU, and all of it must fit the cap. `rows` and `seq` are the warm-up's shape.
+EncoderWarmUp plan_encoder_warm_up(const ComponentPlan& plan, const io::ModelFolder& folder,
+                                   const std::string& max_memory, at::ScalarType dtype, int rank, int gpu,
+                                   int64_t rows, int64_t seq);
+
 }  // namespace dp::runtime

@@ -12,6 +12,7 @@
 #include "models/clip/clip_text_model.h"
 #include "models/t5/t5_encoder.h"
 #include "encoders_oracle.h"
+#include "pipeline/device_stats.h"
 #include "test_support.h"
 
 namespace dp::models {
@@ -175,6 +176,42 @@ TEST(T5Encoder, WarmUpRunsTheForwardAndChangesNothing) {
       const at::Tensor before = model.forward(ids);
       EXPECT_GT(T5Encoder::warm_up(model.config(), dtype, at::kCPU, 2, 6), 0.0) << case_name;
       EXPECT_TRUE(at::equal(model.forward(ids), before)) << case_name << " " << dtype;
+    }
+  }
+}
+
+// warm_up_bytes bounds what the warm-ups allocate on a GPU (a --max-memory cap admits them on that figure), at
+// the oracle's sizes and at wider ones where the block's weights dominate, with the forward's own rows.
+TEST(TextEncoderWarmUp, BytesBoundWhatTheWarmUpsAllocateOnTheGpu) {
+  DP_TEST_NEED_CUDA();
+  const at::Device cuda(at::kCUDA, 0);
+  const auto allocated_by = [&](const std::function<void()>& warm_up) {
+    dp::pipeline::synchronize(cuda);
+    dp::pipeline::reset_peak_memory(cuda);  // the peak restarts at what is allocated now
+    const uint64_t before = dp::pipeline::peak_memory_bytes(cuda);
+    warm_up();
+    return static_cast<int64_t>(dp::pipeline::peak_memory_bytes(cuda) - before);
+  };
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const char* case_name : {"t5_gated_gelu", "t5_relu"}) {
+      auto config = T5Encoder::load(OracleCase(case_name).path("model"), dtype, at::kCPU).config();
+      for (int widen : {1, 16}) {
+        config.d_model *= widen;
+        config.d_ff *= widen;
+        const int64_t held = allocated_by([&] { T5Encoder::warm_up(config, dtype, cuda, 2, 128); });
+        EXPECT_GT(held, 0) << case_name;
+        EXPECT_LE(held, T5Encoder::warm_up_bytes(config, dtype, 2, 128)) << case_name << " x" << widen << " " << dtype;
+      }
+    }
+    for (const char* case_name : {"clip_legacy_eos", "clip_eos_id"}) {
+      auto config = ClipTextModel::load(OracleCase(case_name).path("model"), dtype, at::kCPU).config();
+      for (int widen : {1, 16}) {
+        config.hidden_size *= widen;
+        config.intermediate_size *= widen;
+        const int64_t held = allocated_by([&] { ClipTextModel::warm_up(config, dtype, cuda, 2); });
+        EXPECT_GT(held, 0) << case_name;
+        EXPECT_LE(held, ClipTextModel::warm_up_bytes(config, dtype, 2)) << case_name << " x" << widen << " " << dtype;
+      }
     }
   }
 }

@@ -66,6 +66,15 @@ ClipTextModel ClipTextModel::load(const std::string& dir, at::ScalarType dtype, 
   return model;
 }
 
+int64_t ClipTextModel::warm_up_bytes(const ClipTextConfig& c, at::ScalarType dtype, int64_t batch) {
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t d = c.hidden_size, inner = c.intermediate_size, seq = c.max_position_embeddings;
+  // One layer (four projections, two MLP matrices, biases, norms), the position table, the final norm.
+  const int64_t weights = (4 * d * d + 2 * d * inner + 12 * d + inner + seq * d) * element;
+  const int64_t activations = batch * seq * (8 * d + 2 * inner) * 4 + batch * c.num_attention_heads * seq * seq * 8;
+  return weights + activations;
+}
+
 double ClipTextModel::warm_up(const ClipTextConfig& c, at::ScalarType dtype, at::Device device, int64_t batch) {
   c10::InferenceMode inference;
   const auto started = std::chrono::steady_clock::now();

@@ -39,6 +39,8 @@ class ClipTextModel {
   // forward finds its kernels loaded and its handles made (the first forward on CUDA pays for both). Returns the
   // seconds it took, device work included.
   static double warm_up(const ClipTextConfig& config, at::ScalarType dtype, at::Device device, int64_t batch);
+  // An upper bound on the device bytes warm_up holds at once, counted as T5Encoder::warm_up_bytes counts.
+  static int64_t warm_up_bytes(const ClipTextConfig& config, at::ScalarType dtype, int64_t batch);
 
   const ClipTextConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }

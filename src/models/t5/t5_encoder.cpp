@@ -165,6 +165,18 @@ double T5Encoder::warm_up(const T5Config& c, at::ScalarType dtype, at::Device de
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
+int64_t T5Encoder::warm_up_bytes(const T5Config& c, at::ScalarType dtype, int64_t batch, int64_t seq) {
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t d = c.d_model, inner = c.inner_dim(), feed_forward = c.is_gated_act ? 2 * c.d_ff : c.d_ff;
+  // wo is fp32 under fp16 (as load keeps it): counted at 4 bytes whatever the dtype.
+  const int64_t weights = (4 * inner * d + feed_forward * d + 3 * d + c.relative_attention_num_buckets * c.num_heads) *
+                              element + d * c.d_ff * 4;
+  // The hidden states, q, k, v and the attention output, the feed-forward's inner rows, and the scores with
+  // their softmax.
+  const int64_t activations = batch * seq * (8 * d + 4 * inner + 3 * c.d_ff) * 4 + batch * c.num_heads * seq * seq * 8;
+  return weights + activations;
+}
+
 at::Tensor T5Encoder::forward(const at::Tensor& input_ids) const {
   c10::InferenceMode inference;
   DP_CHECK(input_ids.defined() && input_ids.dim() == 2, "T5 encoder: input_ids must be (batch, sequence), got ",
