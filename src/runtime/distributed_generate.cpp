@@ -29,6 +29,7 @@ namespace {
 // the VAE's rank, report, and learn from the coordinator whether the run stopped.
 GenerateOutcome run_worker(RunContext& run) {
   LoadedStage loaded = take_loaded_stage(run);
+  run.connect_transport();  // unless the encode phase did
   std::optional<WorkerDecode> decode;
   if (run.decode && run.world.rank() == run.components.vae.rank) {
     decode.emplace(run);

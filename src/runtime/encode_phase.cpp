@@ -77,20 +77,18 @@ EncodedPrompts encode_phase(RunContext& run) {
                                       [&run] { encoder_weights_loaded(run); });
     encoded.pooled = std::move(texts.pooled);
     encoded.t5_rows = std::move(texts.t5);
-    if (!world.is_coordinator()) {
-      send_embeddings(*run.transport, encoded.pooled, kClipCode);
-      send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
-    }
   } else {
     encoder_weights_loaded(run);  // the gate is for one device's encoders; with them apart, no waiting
-    if (world.rank() == components.clip.rank) {
+    if (world.rank() == components.clip.rank)
       encoded.pooled = run.flux.encode_clip_pooled(run.request, components.clip.device(run.device), *timer);
-      if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.pooled, kClipCode);
-    }
-    if (world.rank() == components.t5.rank) {
+    if (world.rank() == components.t5.rank)
       encoded.t5_rows = run.flux.encode_t5(run.request, components.t5.device(run.device), *timer);
-      if (!world.is_coordinator()) send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
-    }
+  }
+  // The embeddings of encoders off rank 0 are the transport's first messages: every rank connects it here.
+  if (components.clip.rank != 0 || components.t5.rank != 0) run.connect_transport();
+  if (!world.is_coordinator()) {
+    if (world.rank() == components.clip.rank) send_embeddings(*run.transport, encoded.pooled, kClipCode);
+    if (world.rank() == components.t5.rank) send_embeddings(*run.transport, encoded.t5_rows, kT5Code);
   }
   if (world.is_coordinator()) {
     const std::string config_path = run.transformer_dir + "/config.json";

@@ -49,13 +49,16 @@ std::string nccl_loaded_version();
 class NcclTransport : public Transport {
  public:
   // Collective over MPI_COMM_WORLD: every rank passes the same `links`, and its own `group`. `device` is this
-  // rank's GPU.
+  // rank's GPU. Returns once rank 0's ids have reached this rank and the communicators' creation has begun in
+  // NCCL's background; connect() completes it.
   NcclTransport(int rank, int world_size, double timeout_seconds, const at::Device& device,
                 const std::vector<NcclLink>& links, const NcclGroup& group = {});
   ~NcclTransport() override;
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
 
+  // Waits (bounded) for the communicators, connects every link and the group, and posts the first receives.
+  void connect() override;
   void send(int peer, Message message) override;
   Message receive(int peer) override;
   Message receive_any(const std::vector<int>& peers) override;
@@ -127,6 +130,10 @@ class NcclTransport : public Transport {
   std::vector<ExchangeSpan> exchange_spans_;
   uint64_t exchange_bytes_sent_ = 0, exchange_bytes_received_ = 0;
   bool aborted_ = false;
+  bool connected_ = false;
+  double ids_seconds_ = 0;  // the constructor's wait for rank 0's ids, for connect()'s log line
+  // An internal error when a message or an exchange comes before connect().
+  void check_connected(const char* call) const;
   bool progressing_ = false;
   cudaEvent_t trace_reference_ = nullptr;
   int64_t trace_reference_us_ = 0;  // progress() runs inside waits that progress() itself may start

@@ -31,6 +31,10 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   DP_CHECK(device.is_cuda() && device.has_index(), "rank ", rank, ": the NCCL transport needs a CUDA device, got ",
            device.str());
   c10::cuda::CUDAGuard guard(device_);
+  const auto setup_started = Clock::now();
+  const auto since_start = [&setup_started] {
+    return std::chrono::duration<double>(Clock::now() - setup_started).count();
+  };
   for (const auto& link : links)
     DP_CHECK(link.from != link.to && link.from >= 0 && link.to >= 0 && link.from < world_size && link.to < world_size,
              "rank ", rank, ": bad NCCL link ", link.from, " -> ", link.to, " in a world of ", world_size);
@@ -65,9 +69,11 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
         },
         "NCCL unique ids (broadcast)", 0);
   }
+  const double ids_seconds = since_start();
 
-  // Non-blocking communicators, created together in one group: each init returns at once and is polled under
-  // the timeout, so a rank that never joins cannot hang the others.
+  // Non-blocking communicators, created together in one group: each init returns at once and NCCL goes on
+  // creating them in its own threads while this rank loads and encodes; connect() polls them under the timeout,
+  // so a rank that never joins cannot hang the others.
   std::vector<size_t> mine;  // indices into `links`, in the same order on every rank
   for (size_t i = 0; i < links.size(); ++i)
     if (links[i].from == rank_ || links[i].to == rank_) mine.push_back(i);
@@ -111,6 +117,19 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   }
   const ncclResult_t grouped = ncclGroupEnd();
   if (grouped != ncclSuccess && grouped != ncclInProgress) check_nccl(grouped, nullptr, "ncclGroupEnd (init)");
+  ids_seconds_ = ids_seconds;
+  DP_DEBUG("rank ", rank_, ": NCCL communicators being created in the background (ids in ", std::fixed,
+           std::setprecision(3), ids_seconds, " s)");
+}
+
+void NcclTransport::connect() {
+  if (connected_) return;
+  c10::cuda::CUDAGuard guard(device_);
+  const auto connect_started = Clock::now();
+  const auto since_start = [&connect_started] {
+    return std::chrono::duration<double>(Clock::now() - connect_started).count();
+  };
+  const bool grouped_ranks = group_channel() != nullptr;
   try {
     for (auto& channel : channels_) settle(*channel, "ncclCommInitRankConfig");
   } catch (const Error& e) {
@@ -118,6 +137,7 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
     DP_FAIL(e.what(), ". Ranks that share a GPU need NCCL 2.30 or newer with NCCL_MULTI_RANK_GPU_ENABLE=1 in "
             "their environment; --transport mpi needs neither");
   }
+  const double init_wait_seconds = since_start();
 
   // NCCL connects the two ends of a link on its first transfers, which needs both ends inside NCCL at once.
   // Doing it now for every link in one group (each rank in the same link order, so the rendezvous cannot form
@@ -149,7 +169,7 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
 
   // The group's connections likewise, with one small all-to-all once every link is up.
   if (grouped_ranks) {
-    const int64_t members = static_cast<int64_t>(group.ranks.size());
+    const int64_t members = static_cast<int64_t>(group_channel()->ranks.size());
     std::vector<at::Tensor> send, recv;
     for (int64_t j = 0; j < members; ++j) {
       send.push_back(at::zeros({kConnectBytes / members}, at::TensorOptions().device(device_).dtype(at::kByte)));
@@ -165,8 +185,15 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   // The first header of every inbound link is posted now, so a message can start arriving before it is asked for.
   for (auto& channel : channels_)
     if (!channel->outbound && !channel->group) post_receive(*channel);
-  DP_DEBUG("rank ", rank_, ": NCCL transport ready, ", channels_.size() - (grouped_ranks ? 1 : 0), " link(s)",
-           grouped_ranks ? str(" and sequence group ", group.index, " (ranks ", rank_list(group.ranks), ")") : "");
+  connected_ = true;
+  // Where the start-up goes: rank 0's ids reaching every rank (at construction), what was left of the
+  // communicators' creation when this rank came to connect, and the connections themselves.
+  const Channel* group = group_channel();
+  DP_DEBUG("rank ", rank_, ": NCCL transport ready, ", channels_.size() - (group ? 1 : 0), " link(s)",
+           group ? str(" and a sequence group (ranks ", rank_list(group->ranks), ")") : "", ", ", std::fixed,
+           std::setprecision(3), since_start(), " s after the run asked for it (ids ", ids_seconds_,
+           " s at the start, the communicators' creation then ", init_wait_seconds, " s more, connections ",
+           since_start() - init_wait_seconds, " s)");
 }
 
 void NcclTransport::make_trace_reference() {
@@ -190,7 +217,8 @@ NcclTransport::~NcclTransport() {
     if (send->header_request != MPI_REQUEST_NULL) MPI_Request_free(&send->header_request);
   // A clean end (every send delivered, nothing half received) finalizes the communicators; anything else
   // aborts them, which never waits for a peer.
-  bool clean = !aborted_ && sends_.empty() && exchange_ == nullptr;
+  // A transport never connected may still be creating its communicators: those are aborted too.
+  bool clean = !aborted_ && connected_ && sends_.empty() && exchange_ == nullptr;
   for (auto& channel : channels_) clean = clean && channel->arriving.empty();
   if (clean) {
     // Finalize flushes each communicator's own operations; all are started, then polled together, bounded.

@@ -100,6 +100,7 @@ CoordinatorRing coordinator_ring_phase(RunContext& run, const CoordinatorStart& 
     finish_loop_warm_up(warming);
     return taken;
   });
+  run.connect_transport();  // unless the encode phase did
   result.figures.load_seconds = loaded.seconds;
   result.figures.load_bytes = loaded.bytes;
   images.prepare(loaded.bytes);

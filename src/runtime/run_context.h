@@ -102,6 +102,13 @@ struct RunContext {
   // The encoders run on the ranks the component map names; a resume runs none, and the embeddings cache lives
   // with the coordinator: then rank 0 takes the whole encode phase (every rank reads the same flags).
   bool encoders_on_their_ranks() const { return !checkpoints().resume && checkpoints().embeddings_cache.empty(); }
+  // Completes the transport's set-up (Transport::connect), at one of two points every rank reaches in the same
+  // order: in the encode phase when encoder ranks other than 0 send their embeddings (after this rank's own
+  // encoding), else once this rank's blocks are loaded, before the ring. Until then the communicators are
+  // created in the background, beside the encoders and the loads. Calls after the first do nothing.
+  void connect_transport() {
+    if (transport) transport->connect();
+  }
 };
 
 }  // namespace dp::runtime

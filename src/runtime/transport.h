@@ -65,6 +65,10 @@ struct ExchangeSpan {
 class Transport {
  public:
   virtual ~Transport() = default;
+  // Completes what construction began, before the first message or exchange: collective, so every rank calls
+  // it at the same point of the run (runtime/run_context.h says where); a second call does nothing. The NCCL
+  // transport's communicators are created in the background until then, while the rank loads and encodes.
+  virtual void connect() {}
   // Queues `message` for `peer` and returns; the tensors are kept until delivered. Waits (bounded) only when
   // too many sends are pending.
   virtual void send(int peer, Message message) = 0;

@@ -18,6 +18,7 @@ struct RuntimeOptions;
 std::string nccl_version_text(bool with_path);
 
 // The transport `name` ("mpi" or "nccl") for this rank; collective: every rank calls it with the same layout.
+// Its set-up is finished by Transport::connect (RunContext::connect_transport says where the run calls it).
 std::unique_ptr<Transport> make_transport(const std::string& name, const MeshLayout& layout, const World& world,
                                           const at::Device& device, const RuntimeOptions& options);
 
