@@ -182,7 +182,7 @@ TEST(T5Encoder, WarmUpRunsTheForwardAndChangesNothing) {
 
 // warm_up_bytes bounds what the warm-ups allocate on a GPU (a --max-memory cap admits them on that figure), at
 // the oracle's sizes and at wider ones where the block's weights dominate, with the forward's own rows.
-TEST(TextEncoderWarmUp, BytesBoundWhatTheWarmUpsAllocateOnTheGpu) {
+TEST(TextEncoderWarmUpCuda, BytesBoundWhatTheWarmUpsAllocate) {
   DP_TEST_NEED_CUDA();
   const at::Device cuda(at::kCUDA, 0);
   const auto allocated_by = [&](const std::function<void()>& warm_up) {
