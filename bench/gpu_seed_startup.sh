@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The seed request's start-up on two ranks, phase by phase (issue 25's two-GPU row): what each rank does between
+# the command and step 1, with the NCCL set-up split into its parts. On one GPU the two ranks share it over NCCL
+# 2.30.7 (NCCL_MULTI_RANK_GPU_ENABLE=1), which says nothing of the loop's speed and all of the start-up.
+#   bash bench/gpu_seed_startup.sh            carry .deps (NCCL 2.30.7's source, bench/gpu_build.sh builds it)
+# Environment: STEPS (default 4), RUNS (default "capped capped uncapped default": the seed's 16 GB caps twice,
+# 70 GB caps, and 16 GB caps without --pipeline-device-map, so that the encoders stay on rank 0), BASE_PATCH (a
+# patch of src/: also build this tree with it reverted and run every RUNS entry on both, "base-" naming those),
+# BUDGET_S (default 560). Each run: mpirun -np 2 --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the
+# summary keeps the lines of loads, forwards, warm-ups, NCCL set-up, step 1 and the timing summary; $OUT holds
+# every log and PNG (whose digests end the summary: the same request must give the same bytes).
+set -u
+# shellcheck disable=SC2034  # here, work and budget are bench/gpu_build.sh's to read
+top=$PWD here=$PWD work=/tmp/seed-startup budget=${BUDGET_S:-560}
+export NCCL_MULTI_RANK_GPU_ENABLE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OUT=${OUT:-$work/out}
+mkdir -p "$work" "$OUT"
+# shellcheck source=bench/gpu_build.sh
+source "$top/bench/gpu_build.sh"
+build_diffpipe_nccl
+declare -A binaries=([""]="$bin")
+if [ -n "${BASE_PATCH:-}" ]; then
+  base=/tmp/seed-startup-base
+  rm -rf "$base" && mkdir -p "$base"
+  tar -C "$top" --exclude=./build-gpu --exclude=./.whl -cf - . | tar -C "$base" -xf -
+  (cd "$base" && patch -s -R -p1 < "$top/$BASE_PATCH") || { echo "BASE_PATCH did not revert"; exit 1; }
+  here=$base work=$work/base; mkdir -p "$work"; build_diffpipe_nccl; binaries[base-]=$bin
+  # shellcheck disable=SC2034  # read by build_diffpipe_nccl
+  here=$top work=/tmp/seed-startup
+fi
+model=${MODEL:-/tmp/flux-dev-pipeline}
+if [ ! -f "$model/model_index.json" ]; then
+  bounded "$bin" make-random --pipeline --arch flux-dev --dtype bf16 --force --out "$model" > "$work/make-random.log" 2>&1 \
+    || { tail -5 "$work/make-random.log"; exit 1; }
+  elapsed "wrote $model"
+fi
+prompt=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['prompt'][0])" "$top/configs/flux-dev-2gpu.json")
+request=(generate --model "$model" --device cuda --dtype bf16 --height 768 --width 1360 --steps "${STEPS:-4}"
+  --guidance 3.5 --max-sequence-length 512 --seed 0 --output-type png --prompt "$prompt" --transport nccl)
+index=0
+for run in ${RUNS:-capped capped uncapped default}; do
+  index=$((index + 1))
+  case $run in
+    capped) placement=(--pipeline-device-map balanced --device-map auto --max-memory "0=16GB,1=16GB") ;;
+    uncapped) placement=(--pipeline-device-map balanced --device-map auto --max-memory "0=70GB,1=70GB") ;;
+    default) placement=(--device-map auto --max-memory "0=16GB,1=16GB") ;;
+    *) echo "unknown run $run"; exit 2 ;;
+  esac
+  for prefix in "${!binaries[@]}"; do
+    name="$prefix$index-$run"
+    started_at=$(date +%s.%N)
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT bounded mpirun -np 2 --bind-to none -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS \
+      -x NCCL_MULTI_RANK_GPU_ENABLE -x LD_PRELOAD "${binaries[$prefix]}" --log-level debug "${request[@]}" \
+      "${placement[@]}" --out "$OUT/$name.png" > "$OUT/$name.log" 2>&1 || echo "$name FAILED"
+    echo "== $name: process wall $(python3 -c "import time; print(f'{time.time() - $started_at:.2f}')") s"
+    grep -E "NCCL transport ready|NCCL communicators being|Init timings|load /.*GB/s|forward|warm|progress 1/|  startup|  encode|  denoise|  decode|error" \
+      "$OUT/$name.log" | cut -c1-240
+  done
+done
+for png in "$OUT"/*.png; do echo "$(md5sum < "$png" | cut -c1-12) $(basename "$png")"; done
+elapsed "done"
