@@ -87,22 +87,28 @@ EncoderWarmUp plan_encoder_warm_up(const ComponentPlan& plan, const io::ModelFol
   const auto device = placement::Device::gpu(gpu);
   if (!caps.has(device)) return warm;
   const io::DType run_dtype = io::to_safetensors_dtype(dtype);
+  // The placement's count of the weights where it made one (with a map), else the same count made here.
+  const auto weights_of = [&](const ComponentPlace& place) {
+    return place.bytes > 0 ? place.bytes
+                           : placement::component_bytes(folder.component(place.name), folder.config(place.name),
+                                                        run_dtype);
+  };
+  const auto config_of = [&](const ComponentPlace& place) {
+    const std::string path = folder.component(place.name).path + "/config.json";
+    return std::make_pair(read_json_file(path), path);
+  };
   int64_t weights = 0, warm_up = 0;
   if (warm.clip) {
-    const std::string path = folder.component(plan.clip.name).path + "/config.json";
-    const auto config = models::ClipTextConfig::from_json(read_json_file(path), path);
-    weights += plan.clip.bytes > 0 ? plan.clip.bytes
-                                   : placement::component_bytes(folder.component(plan.clip.name),
-                                                                folder.config(plan.clip.name), run_dtype);
-    warm_up = std::max(warm_up, models::ClipTextModel::warm_up_bytes(config, dtype, rows));
+    const auto [json, path] = config_of(plan.clip);
+    weights += weights_of(plan.clip);
+    warm_up = std::max(warm_up, models::ClipTextModel::warm_up_bytes(models::ClipTextConfig::from_json(json, path),
+                                                                     dtype, rows));
   }
   if (warm.t5) {
-    const std::string path = folder.component(plan.t5.name).path + "/config.json";
-    const auto config = models::T5Config::from_json(read_json_file(path), path);
-    weights += plan.t5.bytes > 0 ? plan.t5.bytes
-                                 : placement::component_bytes(folder.component(plan.t5.name),
-                                                              folder.config(plan.t5.name), run_dtype);
-    warm_up = std::max(warm_up, models::T5Encoder::warm_up_bytes(config, dtype, rows, seq));
+    const auto [json, path] = config_of(plan.t5);
+    weights += weights_of(plan.t5);
+    warm_up = std::max(warm_up, models::T5Encoder::warm_up_bytes(models::T5Config::from_json(json, path), dtype,
+                                                                 rows, seq));
   }
   const int64_t cap = caps.at(device);
   const bool fits = weights + warm_up <= cap;
