@@ -28,6 +28,31 @@ if [ -n "${BASE_PATCH:-}" ]; then
   # shellcheck disable=SC2034  # read by build_diffpipe_nccl
   here=$top work=/tmp/seed-startup
 fi
+# First the tiny pipeline in fp32 over NCCL, where the links connect at either point (encoders on rank 0: after
+# the loads; placed "balanced" on ranks 1 and 2: in the encode phase): every PNG byte-identical to 1 rank's.
+tiny=$work/tiny
+bounded "$bin" make-tiny --out "$tiny" --force > "$work/make-tiny.log" 2>&1 || { tail -3 "$work/make-tiny.log"; exit 1; }
+tiny_request=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --height 128 --width 192 --dtype fp32
+  --device cuda --steps 4 --microbatch-size 1 --transport-timeout 60)
+bounded "$bin" "${tiny_request[@]}" --out "$OUT/tiny-1.png" > "$OUT/tiny-1.log" 2>&1 || echo "CHECK FAILED: tiny, 1 rank"
+for layout in "2 default" "3 default" "2 balanced" "3 balanced"; do
+  read -r ranks map <<< "$layout"
+  extra=()
+  [ "$map" = balanced ] && extra=(--pipeline-device-map balanced --max-memory "$(seq -s, -f '%g=1GB' 0 $((ranks - 1)))")
+  name="tiny-$ranks-$map"
+  bounded mpirun -np "$ranks" --bind-to none "$bin" --log-level debug \
+    "${tiny_request[@]}" "${extra[@]}" --transport nccl --out "$OUT/$name.png" > "$OUT/$name.log" 2>&1 \
+    || { grep -E "error|NCCL WARN" "$OUT/$name.log" | head -5; echo "CHECK FAILED: $name exited non-zero"; }
+  grep -oE "phase encode: hf_device_map .*" "$OUT/$name.log" | head -1
+  grep -E "NCCL transport ready" "$OUT/$name.log" | cut -c1-240
+  for image in 0 1; do  # two prompts: out-0.png and out-1.png
+    if cmp -s "$OUT/tiny-1-$image.png" "$OUT/$name-$image.png"; then
+      echo "$name: image $image byte-identical to 1 rank"
+    else
+      echo "CHECK FAILED: $name: image $image differs from 1 rank's (or is missing)"
+    fi
+  done
+done
 model=${MODEL:-/tmp/flux-dev-pipeline}
 if [ ! -f "$model/model_index.json" ]; then
   bounded "$bin" make-random --pipeline --arch flux-dev --dtype bf16 --force --out "$model" > "$work/make-random.log" 2>&1 \
@@ -49,8 +74,8 @@ for run in ${RUNS:-capped capped uncapped default}; do
   for prefix in "${!binaries[@]}"; do
     name="$prefix$index-$run"
     started_at=$(date +%s.%N)
-    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT bounded mpirun -np 2 --bind-to none -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS \
-      -x NCCL_MULTI_RANK_GPU_ENABLE -x LD_PRELOAD "${binaries[$prefix]}" --log-level debug "${request[@]}" \
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT bounded mpirun -np 2 --bind-to none \
+      "${binaries[$prefix]}" --log-level debug "${request[@]}" \
       "${placement[@]}" --out "$OUT/$name.png" > "$OUT/$name.log" 2>&1 || echo "$name FAILED"
     echo "== $name: process wall $(python3 -c "import time; print(f'{time.time() - $started_at:.2f}')") s"
     grep -E "NCCL transport ready|NCCL communicators being|Init timings|load /.*GB/s|forward|warm|progress 1/|  startup|  encode|  denoise|  decode|error" \
