@@ -5,8 +5,9 @@
 #   bash bench/gpu_seed_startup.sh            carry .deps (NCCL 2.30.7's source, bench/gpu_build.sh builds it)
 # Environment: STEPS (default 4), RUNS (default "capped capped uncapped default": the seed's 16 GB caps twice,
 # 70 GB caps, and 16 GB caps without --pipeline-device-map, so that the encoders stay on rank 0), BASE_PATCH (a
-# patch of src/: also build this tree with it reverted and run every RUNS entry on both, "base-" naming those),
-# BUDGET_S (default 560). Each run: mpirun -np 2 --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the
+# patch of src/: also build this tree with it reverted and run every RUNS entry on both, "base-" and "new-" naming them),
+# TINY_LAYOUTS (default "2 default" "3 default" "2 balanced" "3 balanced"; empty: no tiny runs), BUDGET_S (default
+# 560). Each run: mpirun -np 2 --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the
 # summary keeps the lines of loads, forwards, warm-ups, NCCL set-up, step 1 and the timing summary; $OUT holds
 # every log and PNG (whose digests end the summary: the same request must give the same bytes).
 set -u
@@ -18,7 +19,7 @@ mkdir -p "$work" "$OUT"
 # shellcheck source=bench/gpu_build.sh
 source "$top/bench/gpu_build.sh"
 build_diffpipe_nccl
-declare -A binaries=([""]="$bin")
+declare -A binaries=([new-]="$bin")
 if [ -n "${BASE_PATCH:-}" ]; then
   base=/tmp/seed-startup-base
   rm -rf "$base" && mkdir -p "$base"
@@ -35,7 +36,7 @@ bounded "$bin" make-tiny --out "$tiny" --force > "$work/make-tiny.log" 2>&1 || {
 tiny_request=(generate --model "$tiny" --prompt "a cat" --prompt "a dog" --height 128 --width 192 --dtype fp32
   --device cuda --steps 4 --microbatch-size 1 --transport-timeout 60)
 bounded "$bin" "${tiny_request[@]}" --out "$OUT/tiny-1.png" > "$OUT/tiny-1.log" 2>&1 || echo "CHECK FAILED: tiny, 1 rank"
-for layout in "2 default" "3 default" "2 balanced" "3 balanced"; do
+for layout in ${TINY_LAYOUTS-"2 default" "3 default" "2 balanced" "3 balanced"}; do
   read -r ranks map <<< "$layout"
   extra=()
   [ "$map" = balanced ] && extra=(--pipeline-device-map balanced --max-memory "$(seq -s, -f '%g=1GB' 0 $((ranks - 1)))")
@@ -62,6 +63,19 @@ fi
 prompt=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['prompt'][0])" "$top/configs/flux-dev-2gpu.json")
 request=(generate --model "$model" --device cuda --dtype bf16 --height 768 --width 1360 --steps "${STEPS:-4}"
   --guidance 3.5 --max-sequence-length 512 --seed 0 --output-type png --prompt "$prompt" --transport nccl)
+# From the first log line (the ranks' checks done, before anything loads) to the end of step 1, on rank 0's clock.
+to_step_1() {
+  python3 - "$1" <<'PY'
+import re, sys
+def seconds(line):
+    m = re.match(r"\[(\d+):(\d+):([\d.]+)\]", line)
+    return int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3]) if m else None
+stamped = [(seconds(line), line) for line in open(sys.argv[1], errors="replace")]
+stamped = [(t, line) for t, line in stamped if t is not None]
+step_1 = [t for t, line in stamped if "progress 1/" in line]
+print(f"first log line to step 1: {step_1[0] - stamped[0][0]:.2f} s" if step_1 else "no step 1")
+PY
+}
 index=0
 for run in ${RUNS:-capped capped uncapped default}; do
   index=$((index + 1))
@@ -77,7 +91,7 @@ for run in ${RUNS:-capped capped uncapped default}; do
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT bounded mpirun -np 2 --bind-to none \
       "${binaries[$prefix]}" --log-level debug "${request[@]}" \
       "${placement[@]}" --out "$OUT/$name.png" > "$OUT/$name.log" 2>&1 || echo "$name FAILED"
-    echo "== $name: process wall $(python3 -c "import time; print(f'{time.time() - $started_at:.2f}')") s"
+    echo "== $name: process wall $(python3 -c "import time; print(f'{time.time() - $started_at:.2f}')") s; $(to_step_1 "$OUT/$name.log")"
     grep -E "NCCL transport ready|NCCL communicators being|Init timings|load /.*GB/s|forward|warm|progress 1/|  startup|  encode|  denoise|  decode|error" \
       "$OUT/$name.log" | cut -c1-240
   done
