@@ -65,6 +65,7 @@ MpiTransport::~MpiTransport() {
 
 void MpiTransport::send(int peer, Message message) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot send to rank ", peer);
+  check_connected(rank_, "send");
   auto pending = std::make_unique<PendingSend>();
   pending->peer = peer;
   pending->header = wire::encode(message, rank_);
@@ -91,6 +92,7 @@ void MpiTransport::send(int peer, Message message) {
 
 Message MpiTransport::receive(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
+  check_connected(rank_, "receive");
   std::vector<int64_t> words(wire::kHeaderWords, 0);
   std::vector<MPI_Request> requests(1);
   check_mpi(MPI_Irecv(words.data(), wire::kHeaderWords, MPI_INT64_T, peer, kDataTag, MPI_COMM_WORLD, &requests[0]),
@@ -120,6 +122,7 @@ Message MpiTransport::receive(int peer) {
 
 bool MpiTransport::has_message(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
+  check_connected(rank_, "has_message");
   int arrived = 0;
   check_mpi(MPI_Iprobe(peer, kDataTag, MPI_COMM_WORLD, &arrived, MPI_STATUS_IGNORE), "MPI_Iprobe");
   return arrived != 0;
@@ -199,6 +202,7 @@ void MpiTransport::wait(std::vector<MPI_Request>& requests, const std::string& w
 void MpiTransport::report_failure(const std::string& reason) { report_failure_to_coordinator(rank_, reason); }
 
 void MpiTransport::all_to_all(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step) {
+  check_connected(rank_, "all_to_all");
   const auto members = group_.size();
   DP_CHECK(group_comm_ != MPI_COMM_NULL && send.size() == members && recv.size() == members, "rank ", rank_,
            ": an all-to-all of ", send.size(), " parts in a sequence group of ", members, " rank(s)");

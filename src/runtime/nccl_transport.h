@@ -57,8 +57,6 @@ class NcclTransport : public Transport {
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
 
-  // Waits (bounded) for the communicators, connects every link and the group, and posts the first receives.
-  void connect() override;
   void send(int peer, Message message) override;
   Message receive(int peer) override;
   Message receive_any(const std::vector<int>& peers) override;
@@ -74,6 +72,10 @@ class NcclTransport : public Transport {
   std::vector<ExchangeSpan> take_exchange_spans() override;
   uint64_t exchange_bytes_sent() const override { return exchange_bytes_sent_; }
   uint64_t exchange_bytes_received() const override { return exchange_bytes_received_; }
+
+ protected:
+  // Waits (bounded) for the communicators, connects every link and the group, and posts the first receives.
+  void finish_connecting() override;
 
  private:
   struct Channel;   // one communicator, one stream, one peer
@@ -130,10 +132,7 @@ class NcclTransport : public Transport {
   std::vector<ExchangeSpan> exchange_spans_;
   uint64_t exchange_bytes_sent_ = 0, exchange_bytes_received_ = 0;
   bool aborted_ = false;
-  bool connected_ = false;
   double ids_seconds_ = 0;  // the constructor's wait for rank 0's ids, for connect()'s log line
-  // An internal error when a message or an exchange comes before connect().
-  void check_connected(const char* call) const;
   bool progressing_ = false;
   cudaEvent_t trace_reference_ = nullptr;
   int64_t trace_reference_us_ = 0;  // progress() runs inside waits that progress() itself may start

@@ -10,7 +10,7 @@ namespace dp::runtime {
 using namespace nccl_detail;
 
 void NcclTransport::all_to_all(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv, int step) {
-  check_connected("all_to_all");
+  check_connected(rank_, "all_to_all");
   guarded([&] { all_to_all_unguarded(send, recv, step); });
 }
 

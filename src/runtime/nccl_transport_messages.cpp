@@ -17,13 +17,9 @@ using namespace nccl_detail;
 
 // The tensors are sent from their own storage, not a copy: the ring never changes a tensor in place after
 // sending it (each step makes new ones), and this transport keeps a reference until the transfer is done.
-void NcclTransport::check_connected(const char* call) const {
-  DP_CHECK(connected_, "rank ", rank_, ": internal error: NCCL transport ", call, " before connect()");
-}
-
 void NcclTransport::send_unguarded(int peer, Message message) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot send to rank ", peer);
-  check_connected("send");
+  check_connected(rank_, "send");
   c10::cuda::CUDAGuard guard(device_);
   auto out = std::make_unique<Outbound>();
   out->peer = peer;
@@ -202,7 +198,7 @@ void NcclTransport::progress() {
 
 Message NcclTransport::receive_unguarded(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
-  check_connected("receive");
+  check_connected(rank_, "receive");
   c10::cuda::CUDAGuard guard(device_);
   Channel* channel = channel_from(peer);
   if (channel == nullptr) return receive_over_mpi(peer);
@@ -285,7 +281,7 @@ Message NcclTransport::receive_over_mpi(int peer) {
 
 bool NcclTransport::has_message(int peer) {
   DP_CHECK(peer >= 0 && peer < world_size_ && peer != rank_, "rank ", rank_, ": cannot receive from rank ", peer);
-  check_connected("has_message");
+  check_connected(rank_, "has_message");
   bool found = false;
   guarded([&] {
     c10::cuda::CUDAGuard guard(device_);

@@ -122,8 +122,7 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
            std::setprecision(3), ids_seconds, " s)");
 }
 
-void NcclTransport::connect() {
-  if (connected_) return;
+void NcclTransport::finish_connecting() {
   c10::cuda::CUDAGuard guard(device_);
   const auto connect_started = Clock::now();
   const auto since_start = [&connect_started] {
@@ -185,7 +184,6 @@ void NcclTransport::connect() {
   // The first header of every inbound link is posted now, so a message can start arriving before it is asked for.
   for (auto& channel : channels_)
     if (!channel->outbound && !channel->group) post_receive(*channel);
-  connected_ = true;
   // Where the start-up goes: rank 0's ids reaching every rank (at construction), what was left of the
   // communicators' creation when this rank came to connect, and the connections themselves.
   const Channel* group = group_channel();
@@ -218,7 +216,7 @@ NcclTransport::~NcclTransport() {
   // A clean end (every send delivered, nothing half received) finalizes the communicators; anything else
   // aborts them, which never waits for a peer.
   // A transport never connected may still be creating its communicators: those are aborted too.
-  bool clean = !aborted_ && connected_ && sends_.empty() && exchange_ == nullptr;
+  bool clean = !aborted_ && connected() && sends_.empty() && exchange_ == nullptr;
   for (auto& channel : channels_) clean = clean && channel->arriving.empty();
   if (clean) {
     // Finalize flushes each communicator's own operations; all are started, then polled together, bounded.

@@ -68,7 +68,8 @@ class Transport {
   // Completes what construction began, before the first message or exchange: collective, so every rank calls
   // it at the same point of the run (runtime/run_context.h says where); a second call does nothing. The NCCL
   // transport's communicators are created in the background until then, while the rank loads and encodes.
-  virtual void connect() {}
+  void connect();
+  bool connected() const { return connected_; }
   // Queues `message` for `peer` and returns; the tensors are kept until delivered. Waits (bounded) only when
   // too many sends are pending.
   virtual void send(int peer, Message message) = 0;
@@ -104,6 +105,16 @@ class Transport {
   virtual std::vector<ExchangeSpan> take_exchange_spans() = 0;
   virtual uint64_t exchange_bytes_sent() const = 0;
   virtual uint64_t exchange_bytes_received() const = 0;
+
+ protected:
+  // What connect() runs, once; the MPI transport has nothing to finish.
+  virtual void finish_connecting() {}
+  // Throws an internal error naming `rank` and `call` when a message or an exchange comes before connect(). Every
+  // transport keeps that order, so that the CPU runs over MPI check the order the NCCL transport needs.
+  void check_connected(int rank, const char* call) const;
+
+ private:
+  bool connected_ = false;
 };
 
 }  // namespace dp::runtime

@@ -1,7 +1,8 @@
 // The runtime's transport pieces that run without MPI or a GPU. The ring's wire header, shared by the MPI and
 // NCCL transports: what one rank encodes another decodes to the same message, and a header that could not have
 // come from this build is refused, naming both ranks, before anything is allocated from it. The choice of
-// transport. The compute clock's bookkeeping per step.
+// transport. connect() runs a transport's set-up once, and a message before it is refused. The compute clock's
+// bookkeeping per step.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "runtime/distributed_generate.h"
 #include "runtime/ring.h"
+#include "runtime/transport.h"
 #include "runtime/wire_header.h"
 
 namespace dp::runtime {
@@ -148,6 +150,44 @@ TEST(RuntimeTransportChoice, AutoNcclAndMpi) {
     EXPECT_THROW(choose_transport("nccl", true, 2), Error);
   }
   EXPECT_THROW(choose_transport("gloo", true, 2), Error);
+}
+
+// A transport whose set-up is counted and whose send only checks the order.
+class CountingTransport : public Transport {
+ public:
+  int setups = 0;
+  void send(int, Message) override { check_connected(3, "send"); }
+  Message receive(int) override { return {}; }
+  Message receive_any(const std::vector<int>&) override { return {}; }
+  bool has_message(int) override { return false; }
+  void flush() override {}
+  void report_failure(const std::string&) override {}
+  uint64_t bytes_sent() const override { return 0; }
+  uint64_t bytes_received() const override { return 0; }
+  void all_to_all(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, int) override {}
+  std::vector<ExchangeSpan> take_exchange_spans() override { return {}; }
+  uint64_t exchange_bytes_sent() const override { return 0; }
+  uint64_t exchange_bytes_received() const override { return 0; }
+
+ protected:
+  void finish_connecting() override { ++setups; }
+};
+
+TEST(RuntimeTransportConnect, SetsUpOnceAndRefusesMessagesBeforeIt) {
+  CountingTransport transport;
+  try {
+    transport.send(0, {});
+    FAIL() << "a send before connect() was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3: internal error: a transport's send before connect()"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(transport.connected());
+  transport.connect();
+  transport.connect();  // the second point a run may reach does nothing
+  EXPECT_EQ(transport.setups, 1);
+  EXPECT_TRUE(transport.connected());
+  EXPECT_NO_THROW(transport.send(0, {}));
 }
 
 TEST(RuntimeComputeClock, OnTheCpuEachSpanGoesToItsStep) {
