@@ -1,7 +1,8 @@
 #pragma once
-// Whether the text encoders' kernels are warmed while their weights stream (FluxPipeline::encode_t5): set once
-// per process by the runtime from --no-warm-up and the memory cap (the warm-up briefly holds one T5 block of
-// zeros, which a tight cap has no room for).
+// Whether T5's kernels are warmed while its weights stream (FluxPipeline::start_t5) when no early warm-up
+// (FluxPipeline::start_encoder_warm_up, which generate starts where runtime::plan_encoder_warm_up allows it) is
+// running: set once per process by the runtime from --no-warm-up and the memory cap. Off under any cap, since
+// this path does not check the cap's room for the block of zeros the warm-up holds.
 namespace dp::pipeline {
 
 bool encoder_warm_up_enabled();
