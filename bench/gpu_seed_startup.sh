@@ -5,10 +5,9 @@
 #   bash bench/gpu_seed_startup.sh            carry .deps (NCCL 2.30.7's source, bench/gpu_build.sh builds it)
 # Environment: STEPS (default 4), RUNS (default "capped capped uncapped default": the seed's 16 GB caps twice,
 # 70 GB caps, and 16 GB caps without --pipeline-device-map, so that the encoders stay on rank 0), BASE_PATCH (a
-# patch of src/: also build this tree with it reverted and run every RUNS entry on both, "base-" and "new-" naming them),
-# TINY_LAYOUTS (default "2 default" "3 default" "2 balanced" "3 balanced"; empty: no tiny runs), BUDGET_S (default
-# 560). Each run: mpirun -np 2 --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the
-# summary keeps the lines of loads, forwards, warm-ups, NCCL set-up, step 1 and the timing summary; $OUT holds
+# patch of src/: also build this tree with it reverted and run every RUNS entry on both, "base-" and "new-" naming
+# them), TINY_LAYOUTS (default "2 default" "3 default" "2 balanced" "3 balanced"; empty: no tiny runs), BUDGET_S
+# (default 560). Each run: mpirun -np 2 --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the summary keeps the lines of loads, forwards, warm-ups, NCCL set-up, step 1 and the timing summary; $OUT holds
 # every log and PNG (whose digests end the summary: the same request must give the same bytes).
 set -u
 # shellcheck disable=SC2034  # here, work and budget are bench/gpu_build.sh's to read

@@ -112,9 +112,10 @@ EncoderWarmUp plan_encoder_warm_up(const ComponentPlan& plan, const io::ModelFol
   }
   const int64_t cap = caps.at(device);
   const bool fits = weights + warm_up <= cap;
-  warm.reason = str(fits ? "on" : "off", ": the text encoders' weights (", human_size(static_cast<double>(weights)), ") and the warm-up (",
-                    human_size(static_cast<double>(warm_up)), " at most) ", fits ? "fit" : "do not fit", " the --max-memory cap of GPU ",
-                    gpu, " (", human_size(static_cast<double>(cap)), ")");
+  const auto size = [](int64_t bytes) { return human_size(static_cast<double>(bytes)); };
+  warm.reason = str(fits ? "on" : "off", ": the text encoders' weights (", size(weights), ") and the warm-up (",
+                    size(warm_up), " at most) ", fits ? "fit" : "do not fit", " the --max-memory cap of GPU ", gpu,
+                    " (", size(cap), ")");
   if (!fits) warm.clip = warm.t5 = false;
   return warm;
 }

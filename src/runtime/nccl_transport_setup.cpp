@@ -69,7 +69,7 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
         },
         "NCCL unique ids (broadcast)", 0);
   }
-  const double ids_seconds = since_start();
+  ids_seconds_ = since_start();
 
   // Non-blocking communicators, created together in one group: each init returns at once and NCCL goes on
   // creating them in its own threads while this rank loads and encodes; connect() polls them under the timeout,
@@ -117,9 +117,8 @@ NcclTransport::NcclTransport(int rank, int world_size, double timeout_seconds, c
   }
   const ncclResult_t grouped = ncclGroupEnd();
   if (grouped != ncclSuccess && grouped != ncclInProgress) check_nccl(grouped, nullptr, "ncclGroupEnd (init)");
-  ids_seconds_ = ids_seconds;
   DP_DEBUG("rank ", rank_, ": NCCL communicators being created in the background (ids in ", std::fixed,
-           std::setprecision(3), ids_seconds, " s)");
+           std::setprecision(3), ids_seconds_, " s)");
 }
 
 void NcclTransport::finish_connecting() {
@@ -187,11 +186,12 @@ void NcclTransport::finish_connecting() {
   // Where the start-up goes: rank 0's ids reaching every rank (at construction), what was left of the
   // communicators' creation when this rank came to connect, and the connections themselves.
   const Channel* group = group_channel();
+  const double connect_seconds = since_start();
   DP_DEBUG("rank ", rank_, ": NCCL transport ready, ", channels_.size() - (group ? 1 : 0), " link(s)",
            group ? str(" and a sequence group (ranks ", rank_list(group->ranks), ")") : "", ", ", std::fixed,
-           std::setprecision(3), since_start(), " s after the run asked for it (ids ", ids_seconds_,
+           std::setprecision(3), connect_seconds, " s after the run asked for it (ids ", ids_seconds_,
            " s at the start, the communicators' creation then ", init_wait_seconds, " s more, connections ",
-           since_start() - init_wait_seconds, " s)");
+           connect_seconds - init_wait_seconds, " s)");
 }
 
 void NcclTransport::make_trace_reference() {
