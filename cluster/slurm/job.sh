@@ -131,6 +131,9 @@ case "${LAUNCHER:-srun}" in
     grep -q pmix <<<"$mpi_plugins" || job_fail "this SLURM has no PMIx plugin (srun --mpi=list): install" \
       "it (Debian: slurmd ships mpi_pmix) or submit cluster/slurm/generate-mpirun.sbatch, which starts ranks with mpirun"
     launch=(srun --mpi=pmix --kill-on-bad-exit=1 --output "$log_dir/rank%t.log" --error "$log_dir/rank%t.log")
+    # Since SLURM 22.05 srun no longer inherits the job's --cpus-per-task: under task/affinity each rank would be
+    # bound to one CPU and load its weights with one reader (5 GB/s, where 8 read about 35).
+    if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then launch+=(--cpus-per-task="$SLURM_CPUS_PER_TASK"); fi
     # GPU binding: each task sees only its own GPU(s) when the job asked for GPUs.
     if [ -n "${SLURM_GPUS_PER_TASK:-}${SLURM_GPUS_ON_NODE:-}" ]; then launch+=(--gpus-per-task=1 --gpu-bind=single:1); fi
     launch+=("$bin" generate)

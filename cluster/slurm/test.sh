@@ -155,7 +155,7 @@ job_bound=${DIFFPIPE_JOB_BOUND:-240}
 submit_wait() {
   local runner=$1 log=$2 code pid
   shift 2
-  # -c 1: the scripts ask for 4 CPUs per rank, more than the test nodes declare for 2 ranks.
+  # -c 1: the scripts ask for 8 CPUs per rank, more than the test nodes declare for 2 ranks.
   # shellcheck disable=SC2094  # sbatch only names the log for the job; its own errors are appended
   $runner sbatch --wait --parsable -c 1 -o "$log" "$@" > "$log.id" 2>>"$log" &
   pid=$!
