@@ -89,8 +89,17 @@ for run in ${RUNS:-capped capped uncapped default}; do
     started_at=$(date +%s.%N)
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT bounded mpirun -np 2 --bind-to none \
       "${binaries[$prefix]}" --log-level debug "${request[@]}" \
-      "${placement[@]}" --out "$OUT/$name.png" > "$OUT/$name.log" 2>&1 || echo "$name FAILED"
+      "${placement[@]}" --out "$OUT/$name.png" --report "$OUT/$name.json" > "$OUT/$name.log" 2>&1 \
+      || echo "$name FAILED"
     echo "== $name: process wall $(python3 -c "import time; print(f'{time.time() - $started_at:.2f}')") s; $(to_step_1 "$OUT/$name.log")"
+    # Each rank's peak on its device, against its cap: what the caps must hold, the warm-ups included.
+    python3 - "$OUT/$name" <<'PY'
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + "*.json")):
+    r = json.load(open(path))
+    print(f"  {path.rsplit('/', 1)[-1]}: peak allocated {r.get('peak_device_bytes', 0) / 1e9:.2f} GB, "
+          f"reserved {r.get('peak_device_reserved_bytes', 0) / 1e9:.2f} GB")
+PY
     grep -E "NCCL transport ready|NCCL communicators being|Init timings|load /.*GB/s|forward|warm|progress 1/|  startup|  encode|  denoise|  decode|error" \
       "$OUT/$name.log" | cut -c1-240
   done
