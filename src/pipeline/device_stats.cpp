@@ -61,16 +61,6 @@ void reset_peak_memory(const at::Device& device) {
   if (!device.is_cuda()) reset_peak_resident();
 }
 
-uint64_t allocated_memory_bytes(const at::Device& device) {
-  if (!device.is_cuda()) return 0;
-#ifdef DIFFPIPE_HAVE_CUDA
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(initialised_cuda_index(device));
-  return static_cast<uint64_t>(stats.allocated_bytes[0].current);
-#else
-  DP_FAIL("this build has no CUDA support");
-#endif
-}
-
 uint64_t peak_reserved_bytes(const at::Device& device) {
   if (!device.is_cuda()) return 0;
 #ifdef DIFFPIPE_HAVE_CUDA

@@ -16,8 +16,6 @@ std::string device_name(const at::Device& device);
 // process's peak resident set size (core/memory_stats).
 uint64_t peak_memory_bytes(const at::Device& device);
 void reset_peak_memory(const at::Device& device);
-// Bytes the caching allocator holds in live tensors on a CUDA device now; 0 on CPU.
-uint64_t allocated_memory_bytes(const at::Device& device);
 // Peak bytes the caching allocator reserved from the driver on a CUDA device (what --max-memory caps); 0 on CPU.
 uint64_t peak_reserved_bytes(const at::Device& device);
 // Returns the caching allocator's unused segments to the driver (CUDA; nothing on CPU). Between phases, so that

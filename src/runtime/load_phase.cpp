@@ -21,12 +21,9 @@
 #include "core/log.h"
 #include "core/trace.h"
 #include "core/human_units.h"
-#include "core/json_file.h"
 #include "io/load_budget.h"
 #include "io/weight_index.h"
-#include "models/flux/flux_config.h"
 #include "pipeline/device_stats.h"
-#include "pipeline/memory_estimate.h"
 #include "pipeline/phase_guard.h"
 #include "placement/plan.h"
 #include "runtime/world.h"
@@ -110,50 +107,18 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
       track);
 }
 
-// This rank's --max-memory entry in bytes, or -1 when no cap names its GPU (GPU d of the caps is stage group d).
-int64_t cap_of_this_rank(const RunContext& run) {
-  if (run.options.max_memory.empty()) return -1;
-  const auto caps = placement::read_max_memory_argument(run.options.max_memory);
-  const auto gpu = placement::Device::gpu(run.layout().group_of(run.world.rank()));
-  return caps.has(gpu) ? caps.at(gpu) : -1;
-}
-
-// What the warm-up beside the load would hold under this rank's cap (fit_warm_up_beside_load).
-WarmUpBesideLoadMemory warm_up_beside_load_memory(const RunContext& run, const placement::RankStage& mine,
-                                                  int64_t cap) {
-  const auto bytes_of = [&](int64_t first, int64_t last) {
-    return static_cast<int64_t>(pipeline::FluxStage::device_weight_bytes(run.transformer_dir, first, last, {}));
-  };
-  WarmUpBesideLoadMemory memory;
-  memory.cap = cap;
-  memory.in_use = static_cast<int64_t>(pipeline::allocated_memory_bytes(run.device));
-  memory.blocks = static_cast<int64_t>(pipeline::FluxStage::device_weight_bytes(
-      run.transformer_dir, mine.first_block, mine.last_block, offloaded_weights(mine)));
-  memory.copies = bytes_of(mine.first_block, mine.first_block + 1);
-  if (mine.last_block - 1 > mine.first_block) memory.copies += bytes_of(mine.last_block - 1, mine.last_block);
-  const pipeline::MemoryRequest rows{std::min(run.options.microbatch_size, run.batch()), run.request.height,
-                                     run.request.width, run.request.max_sequence_length, run.request.dtype};
-  const std::string config_path = run.transformer_dir + "/config.json";
-  const auto config = models::FluxConfig::from_json(read_json_file(config_path), config_path);
-  const auto estimate = pipeline::estimate_generate_memory(rows, config, nullptr);
-  memory.activations = static_cast<int64_t>(estimate.transformer_bytes);
-  return memory;
-}
-
-// Whether the warm-up runs on the loop's thread while the blocks load (load_warming_up_beside), and why: with no
-// offloaded block, no LoRA (an unfused adapter's warm-up needs the run's own stage) and, under --max-memory, room
-// in the cap for the zero-weight copies (fit_warm_up_beside_load). On by default on CUDA: on an H100 it took the
-// transformer's load and warm-up from 1.03 s to 0.73 s and one image from 5.98 s to 5.74 s, peak 24.3 GB to
-// 25.3 GB; under --fp8-gemms it measured even, the conversion competing for the GPU (bench/RESULTS.md, session 17).
+// Whether the warm-up runs on the loop's thread while the blocks load (load_warming_up_beside): with room to spare
+// (no --max-memory, whose caps leave no room for the zero-weight copies; no offloaded block) and no LoRA (an
+// unfused adapter's warm-up needs the run's own stage). On by default on CUDA: on an H100 it took the transformer's
+// load and warm-up from 1.03 s to 0.73 s and one image from 5.98 s to 5.74 s, peak 24.3 GB to 25.3 GB; under
+// --fp8-gemms it measured even, the conversion competing for the GPU (bench/RESULTS.md, session 17).
 // DIFFPIPE_WARM_UP_BESIDE_LOAD=0 turns it off; =1 turns it on on the CPU too, which only gives the tests a way
 // through the same code (the CPU has no kernels to load and two threads there compete for its cores).
-WarmUpBesideLoad warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
+bool warms_up_beside_the_load(const RunContext& run, const placement::RankStage& mine) {
   const char* setting = std::getenv("DIFFPIPE_WARM_UP_BESIDE_LOAD");
   const bool wanted = setting == nullptr ? run.device.is_cuda() : std::string(setting) == "1";
-  if (!wanted || !run.options.warm_up || !mine.offloaded.empty() || run.request.lora) return {};
-  const int64_t cap = cap_of_this_rank(run);
-  if (cap < 0) return {true, ""};
-  return fit_warm_up_beside_load(warm_up_beside_load_memory(run, mine, cap));
+  return wanted && run.options.warm_up && run.options.max_memory.empty() && mine.offloaded.empty() &&
+         !run.request.lora;
 }
 
 // Zeros of the shapes of this rank's blocks [first, last) (with the embedders or the head when the range starts or
@@ -198,17 +163,6 @@ LoadedStage load_warming_up_beside(const RunContext& run, const placement::RankS
 }
 
 }  // namespace
-
-WarmUpBesideLoad fit_warm_up_beside_load(const WarmUpBesideLoadMemory& memory) {
-  const int64_t need = memory.in_use + memory.blocks + memory.copies + 2 * memory.activations + kWarmUpBesideLoadSpare;
-  const bool fits = need <= memory.cap;
-  const auto size = [](int64_t bytes) { return human_size(static_cast<double>(bytes)); };
-  return {fits, str(fits ? "on" : "off (after the load instead)", ": in use ", size(memory.in_use), " + blocks ",
-                    size(memory.blocks), " + zero-weight copies ", size(memory.copies),
-                    " + twice a block's activations ", size(memory.activations), " + ", size(kWarmUpBesideLoadSpare),
-                    " spare = ", size(need), fits ? ", within" : ", over", " the --max-memory cap of ",
-                    size(memory.cap))};
-}
 
 at::Device rank_device(const at::Device& requested, const World& world) {
   if (!requested.is_cuda()) return requested;
@@ -383,11 +337,7 @@ void encoders_released(RunContext& run) {
 LoadedStage take_loaded_stage(RunContext& run) {
   if (!run.early_load.valid()) {
     const placement::RankStage* mine = run.layout().stage_of(run.world.rank());
-    if (mine == nullptr) return load_phase(run);
-    const WarmUpBesideLoad beside = warms_up_beside_the_load(run, *mine);
-    if (!beside.reason.empty())
-      DP_INFO("rank ", run.world.rank(), ": the blocks' warm-up beside their load: ", beside.reason);
-    if (beside.beside) return load_warming_up_beside(run, *mine);
+    if (mine != nullptr && warms_up_beside_the_load(run, *mine)) return load_warming_up_beside(run, *mine);
     return load_phase(run);
   }
   LoadedStage loaded = run.early_load.get();

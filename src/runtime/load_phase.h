@@ -3,7 +3,6 @@
 // blocks the plan gives it, reading only their bytes.
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "core/trace.h"
 #include "pipeline/flux_stage.h"
@@ -17,23 +16,6 @@ void cap_device_memory(const RunContext& run);
 // Loads this rank's blocks (nothing for a rank without any) and logs the load's rate. `track`: where --trace draws
 // the load and its warm-up (the background load track for the overlapped load, beside the encoders' spans).
 LoadedStage load_phase(const RunContext& run, trace::Track track = trace::Track::host);
-
-// What the blocks' warm-up beside their load holds on the device at its worst moment, the load nearly done, in
-// bytes: the cap of this rank's GPU (--max-memory), what its tensors hold when the load starts, its blocks, the
-// zero-weight copies of the first and last block that the warm-up runs (with the embedders or the head where the
-// rank holds them), and a block forward's activations at the warm-up's rows (pipeline::estimate_generate_memory).
-struct WarmUpBesideLoadMemory {
-  int64_t cap = 0, in_use = 0, blocks = 0, copies = 0, activations = 0;
-};
-struct WarmUpBesideLoad {
-  bool beside = false;
-  std::string reason;  // the arithmetic, for the log
-};
-// The warm-up may run beside the load when all of it fits the cap with room to spare: the activations counted
-// twice (the estimate is a lower bound) and kWarmUpBesideLoadSpare for the libraries' workspaces and the
-// allocator's rounding. Otherwise it runs after the load on the loaded blocks, which needs no copies.
-inline constexpr int64_t kWarmUpBesideLoadSpare = 1'000'000'000;
-WarmUpBesideLoad fit_warm_up_beside_load(const WarmUpBesideLoadMemory& memory);
 
 // Whether this rank's blocks load on a thread while its text encoders run, and why. The overlapped load runs on
 // a CUDA stream of its own and may hold only `early_bytes` of blocks until the encoders are released, so that

@@ -853,24 +853,6 @@ def case_start_up_paths(binary, model, tmp, ranks):
                 fail(f"rank {rank} did not warm its blocks up beside their load:\n{output}")
         print(f"{world} rank(s) with DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1: bit-identical to the "
               f"default ({seconds:.1f} s)")
-    # Under --max-memory the warm-up runs beside the load only where the cap holds the zero-weight copies and a
-    # spare gigabyte: never under 1 GB caps, always under 3 GB ones (the tiny blocks are kilobytes). Either way
-    # the latents stay the default run's.
-    for cap, verdict in (("1GB", "off (after the load instead)"), ("3GB", "on")):
-        out = tmp / f"capped-{cap}.h5"
-        caps = ",".join(f"{r}={cap}" for r in range(ranks))
-        code, output, _ = run(opt_in + mpirun(ranks) + [binary] + generate_args(model, out, ["--max-memory", caps]))
-        if code != 0:
-            fail(f"{ranks} ranks under --max-memory {caps} exited {code}:\n{output}")
-        got = latents(out)
-        if got.shape != reference.shape or not np.array_equal(got, reference):
-            fail(f"{ranks} ranks under --max-memory {caps}: latents differ from the default run")
-        said = [l for l in output.splitlines() if "the blocks' warm-up beside their load: " in l]
-        if len(said) != ranks or not all(f"load: {verdict}: in use " in l and f"cap of {cap[0]}" in l for l in said):
-            fail(f"under --max-memory {caps} every rank should say the warm-up beside the load is {verdict}:\n"
-                 + "\n".join(said or output.splitlines()[-20:]))
-        print(f"{ranks} ranks under --max-memory {caps}: the warm-up beside the load {verdict.split()[0]} at every "
-              f"rank, latents bit-identical to the default")
 
 
 CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,

@@ -1,6 +1,5 @@
 // Which text encoders a rank warms up, and whether a --max-memory cap leaves the warm-up room beside their
-// weights (runtime::plan_encoder_warm_up), on a tiny pipeline folder; and whether a cap leaves the blocks' warm-up
-// room beside their load (runtime::fit_warm_up_beside_load).
+// weights (runtime::plan_encoder_warm_up), on a tiny pipeline folder.
 #include <gtest/gtest.h>
 
 #include "fixtures/tiny_pipeline.h"
@@ -10,7 +9,6 @@
 #include "models/t5/t5_encoder.h"
 #include "placement/component_placement.h"
 #include "runtime/components.h"
-#include "runtime/load_phase.h"
 #include "test_support.h"
 
 namespace dp::runtime {
@@ -82,51 +80,6 @@ TEST(EncoderWarmUp, EachRankCountsOnlyTheEncodersItRuns) {
   apart.clip.rank = 0;
   const auto cpu_clip = decide(tiny, apart, "", 0, 0);
   EXPECT_TRUE(cpu_clip.t5 && !cpu_clip.clip);
-}
-
-// The seed's rank 0 (FLUX.1-dev, 768x1360 at 512 text tokens, a 16 GB cap): blocks [0, 17), the zero-weight
-// copies of blocks 0 and 16 with the embedders, a block's activations as estimate_generate_memory gives them.
-WarmUpBesideLoadMemory seed_rank_0() {
-  WarmUpBesideLoadMemory memory;
-  memory.cap = 16'000'000'000;
-  memory.in_use = 100'000'000;
-  memory.blocks = 11'640'000'000;
-  memory.copies = 1'360'000'000;
-  memory.activations = 367'000'000;
-  return memory;
-}
-
-int64_t need_of(const WarmUpBesideLoadMemory& m) {
-  return m.in_use + m.blocks + m.copies + 2 * m.activations + kWarmUpBesideLoadSpare;
-}
-
-TEST(WarmUpBesideLoad, TheSeedsRankFitsItsSixteenGigabyteCap) {
-  const auto decided = fit_warm_up_beside_load(seed_rank_0());
-  EXPECT_TRUE(decided.beside) << decided.reason;
-  EXPECT_NE(decided.reason.find("on: in use 100 MB + blocks 11.6 GB"), std::string::npos) << decided.reason;
-  EXPECT_NE(decided.reason.find("within the --max-memory cap of 16.0 GB"), std::string::npos) << decided.reason;
-}
-
-TEST(WarmUpBesideLoad, TheThresholdIsExactAndCountsActivationsTwiceWithTheSpare) {
-  auto memory = seed_rank_0();
-  memory.cap = need_of(memory);
-  EXPECT_TRUE(fit_warm_up_beside_load(memory).beside);
-  memory.cap -= 1;
-  const auto over = fit_warm_up_beside_load(memory);
-  EXPECT_FALSE(over.beside);
-  EXPECT_NE(over.reason.find("off (after the load instead)"), std::string::npos) << over.reason;
-  // One more byte of activations needs two more of the cap; the spare alone never fits.
-  memory.cap = need_of(memory) + 1;
-  memory.activations += 1;
-  EXPECT_FALSE(fit_warm_up_beside_load(memory).beside);
-  EXPECT_FALSE(fit_warm_up_beside_load({kWarmUpBesideLoadSpare - 1, 0, 0, 0, 0}).beside);
-  EXPECT_TRUE(fit_warm_up_beside_load({kWarmUpBesideLoadSpare, 0, 0, 0, 0}).beside);
-}
-
-TEST(WarmUpBesideLoad, WhatTheDeviceAlreadyHoldsCounts) {
-  auto memory = seed_rank_0();
-  memory.in_use = memory.cap - need_of(memory) + memory.in_use + 1;  // one byte over
-  EXPECT_FALSE(fit_warm_up_beside_load(memory).beside);
 }
 
 }  // namespace
