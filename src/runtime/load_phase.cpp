@@ -108,8 +108,10 @@ std::shared_ptr<pipeline::FluxStage> read_blocks(const RunContext& run, const pl
 }
 
 // Whether the warm-up runs on the loop's thread while the blocks load (load_warming_up_beside): with room to spare
-// (no --max-memory, whose caps leave no room for the zero-weight copies; no offloaded block) and no LoRA (an
-// unfused adapter's warm-up needs the run's own stage). On by default on CUDA: on an H100 it took the transformer's
+// (no --max-memory; no offloaded block) and no LoRA (an unfused adapter's warm-up needs the run's own stage).
+// Under the seed's 16 GB caps it was tried where the cap held the copies: step 1 came no sooner on two ranks
+// sharing an H100 (2.26 and 2.11 s against 2.29 and 2.13 s), each rank's peak rose by up to 1.45 GB and rank 1
+// reserved its whole cap (bench/RESULTS.md, session 21). On by default on CUDA: on an H100 it took the transformer's
 // load and warm-up from 1.03 s to 0.73 s and one image from 5.98 s to 5.74 s, peak 24.3 GB to 25.3 GB; under
 // --fp8-gemms it measured even, the conversion competing for the GPU (bench/RESULTS.md, session 17).
 // DIFFPIPE_WARM_UP_BESIDE_LOAD=0 turns it off; =1 turns it on on the CPU too, which only gives the tests a way
