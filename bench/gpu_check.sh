@@ -8,7 +8,7 @@
 #                       whose suite or name says Cuda or CUDA), first against the image's NCCL, then the CLI
 #                       again against NCCL 2.30.7, built from .deps/nccl in the background meanwhile (ranks
 #                       sharing one GPU need 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)
-#   oracle-data         tests/reference/generate_all.py --only flux --only pipeline (diffusers from .whl)
+#   oracle-data         tests/reference/generate_all.py --only flux --only pipeline --only encoders (from .whl)
 #   cuda-<binary>       that binary's CUDA tests with DIFFPIPE_REQUIRE_CUDA=1 (a missing GPU fails, never skips)
 #   cuda-count          at least MIN_CUDA_TESTS (25: the 24 GPU tests and plan's CUDA-caps test, which needs no
 #                       GPU) passed in all, so a filter that matched nothing cannot pass
@@ -134,7 +134,7 @@ install_carried_wheels "$here" > "$work/wheels.log" 2>&1
 python3 -c 'import diffusers, transformers, h5py' 2>/dev/null && have_wheels=1 || have_wheels=0
 oracle_data() {
   [ "$have_wheels" = 1 ] || fail "diffusers, transformers or h5py cannot be imported: carry .whl (bench/fetch_wheels.sh)"
-  python3 "$here/tests/reference/generate_all.py" --out "$build/reference" --only flux --only pipeline
+  python3 "$here/tests/reference/generate_all.py" --out "$build/reference" --only flux --only pipeline --only encoders
 }
 ( set -euo pipefail; oracle_data ) > "$work/oracle-data.log" 2>&1 &
 oracle_job=$!

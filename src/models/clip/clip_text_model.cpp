@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "models/attention.h"
+#include "models/warm_up_allowance.h"
 #include "io/weight_index.h"
 
 namespace dp::models {
@@ -72,7 +73,7 @@ int64_t ClipTextModel::warm_up_bytes(const ClipTextConfig& c, at::ScalarType dty
   // One layer (four projections, two MLP matrices, biases, norms), the position table, the final norm.
   const int64_t weights = (4 * d * d + 2 * d * inner + 12 * d + inner + seq * d) * element;
   const int64_t activations = batch * seq * (8 * d + 2 * inner) * 4 + batch * c.num_attention_heads * seq * seq * 8;
-  return weights + activations;
+  return weights + activations + kWarmUpLibraryWorkspaceBytes + kWarmUpSmallTensorsBytes;
 }
 
 double ClipTextModel::warm_up(const ClipTextConfig& c, at::ScalarType dtype, at::Device device, int64_t batch) {

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "models/attention.h"
+#include "models/warm_up_allowance.h"
 #include "io/weight_index.h"
 
 namespace dp::models {
@@ -174,7 +175,7 @@ int64_t T5Encoder::warm_up_bytes(const T5Config& c, at::ScalarType dtype, int64_
   // The hidden states, q, k, v and the attention output, the feed-forward's inner rows, and the scores with
   // their softmax.
   const int64_t activations = batch * seq * (8 * d + 4 * inner + 3 * c.d_ff) * 4 + batch * c.num_heads * seq * seq * 8;
-  return weights + activations;
+  return weights + activations + kWarmUpLibraryWorkspaceBytes + kWarmUpSmallTensorsBytes;
 }
 
 at::Tensor T5Encoder::forward(const at::Tensor& input_ids) const {

@@ -30,8 +30,9 @@ class T5Encoder {
   // weights (about 0.4 GB for T5-XXL in bf16) while it runs. Returns the seconds it took.
   static double warm_up(const T5Config& config, at::ScalarType dtype, at::Device device, int64_t batch, int64_t seq);
   // An upper bound on the device bytes warm_up holds at once: its block of zero weights and a forward's
-  // activations counted at 4 bytes an element, the attention scores twice. A memory cap admits the warm-up
-  // beside the weights only with this much room (runtime/components.h).
+  // activations counted at 4 bytes an element, the attention scores twice, plus the libraries' workspaces and
+  // small tensors (models/warm_up_allowance.h). A memory cap admits the warm-up beside the weights only with
+  // this much room (runtime/components.h).
   static int64_t warm_up_bytes(const T5Config& config, at::ScalarType dtype, int64_t batch, int64_t seq);
 
   // input_ids: integer (B, S) on any device. Returns last_hidden_state (B, S, d_model) in the run dtype.
