@@ -8,7 +8,9 @@
 # patch of src/: also build this tree with it reverted and run every RUNS entry on both, "base-" and "new-" naming
 # them), TINY_LAYOUTS (default "2 default" "3 default" "2 balanced" "3 balanced"; empty: no tiny runs), BUDGET_S
 # (default 560). Make BASE_PATCH here and carry it in .deps: the device's copy of the tree may hold stale git
-# metadata, so a `git diff` run there can come out empty (bench/RESULTS.md, session 21). Each run: mpirun -np 2 --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the summary keeps the lines of loads, forwards, warm-ups, NCCL set-up, step 1 and the timing summary; $OUT holds
+# metadata, so a `git diff` run there can come out empty (bench/RESULTS.md, session 21). Each run: mpirun -np 2
+# --bind-to none, --log-level debug, NCCL_DEBUG=INFO for INIT; the summary keeps the lines of loads, forwards,
+# warm-ups, NCCL set-up, step 1 and the timing summary, and each rank's peak from --report; $OUT holds
 # every log and PNG (whose digests end the summary: the same request must give the same bytes).
 set -u
 # shellcheck disable=SC2034  # here, work and budget are bench/gpu_build.sh's to read
@@ -21,7 +23,8 @@ source "$top/bench/gpu_build.sh"
 build_diffpipe_nccl
 declare -A binaries=([new-]="$bin")
 if [ -n "${BASE_PATCH:-}" ]; then
-  [ -s "$top/$BASE_PATCH" ] || { echo "BASE_PATCH $BASE_PATCH is empty or missing: both builds would be the same"; exit 2; }
+  [ -s "$top/$BASE_PATCH" ] \
+    || { echo "BASE_PATCH $BASE_PATCH is empty or missing: both builds would be the same"; exit 2; }
   base=/tmp/seed-startup-base
   rm -rf "$base" && mkdir -p "$base"
   tar -C "$top" --exclude=./build-gpu --exclude=./.whl -cf - . | tar -C "$base" -xf -
@@ -97,7 +100,7 @@ for run in ${RUNS:-capped capped uncapped default}; do
     # Each rank's peak on its device, against its cap: what the caps must hold, the warm-ups included.
     python3 - "$OUT/$name" <<'PY'
 import glob, json, sys
-for path in sorted(glob.glob(sys.argv[1] + "*.json")):
+for path in sorted(glob.glob(sys.argv[1] + ".rank*.json")):
     r = json.load(open(path))
     print(f"  {path.rsplit('/', 1)[-1]}: peak allocated {r.get('peak_device_bytes', 0) / 1e9:.2f} GB, "
           f"reserved {r.get('peak_device_reserved_bytes', 0) / 1e9:.2f} GB")
