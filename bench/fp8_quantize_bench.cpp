@@ -7,17 +7,18 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "cuda_call_timing.h"
 #include "models/flux/fp8_gemm.h"
 
 namespace {
 
+using dp::bench::seconds_per_call;
 using dp::models::flux::Fp8Rows;
 using dp::models::flux::quantize_rows_fp8;
 
@@ -32,17 +33,6 @@ struct Shape {
 double bytes_moved(const Shape& s) {
   const double columns = static_cast<double>(s.first_columns + s.second_columns);
   return static_cast<double>(s.rows) * (columns * 2 + columns + 4);
-}
-
-// Mean seconds of one call over `repeats`, after two unmeasured calls.
-double seconds_per_call(const std::function<void()>& call, int repeats) {
-  call();
-  call();
-  at::cuda::getCurrentCUDAStream().synchronize();
-  const auto started = std::chrono::steady_clock::now();
-  for (int i = 0; i < repeats; ++i) call();
-  at::cuda::getCurrentCUDAStream().synchronize();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() / repeats;
 }
 
 Fp8Rows eager_aten(const at::Tensor& first, bool gelu_first, const at::Tensor& second, bool gelu_second) {
