@@ -13,8 +13,12 @@ void LocalExecutor::send_prompts(int64_t microbatch, const at::Tensor& prompt_em
   stage_->set_prompts(microbatch, prompt_embeds, pooled);
 }
 
+void LocalExecutor::send_schedule(int64_t microbatch, const StepSchedule& schedule) {
+  stage_->set_schedule(microbatch, schedule);
+}
+
 void LocalExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) {
-  auto outputs = stage_->run(microbatch, inputs);
+  auto outputs = stage_->run(microbatch, inputs, step);
   DP_CHECK(outputs.size() == 1, "the local stage must hold the whole transformer");
   done_.push_back({microbatch, step, std::move(outputs[0])});
 }
@@ -124,12 +128,21 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
         continue;
       }
       const int64_t rows = m.latents.size(0);
+      // Every step's timestep and guidance, as step_inputs will make them; both passes of true CFG take the same.
+      StepSchedule schedule;
+      for (int s = 0; s < steps; ++s) {
+        const auto inputs = transformer_inputs(job, m.latents, m.first_row, s);
+        schedule.timesteps.push_back(inputs[1]);
+        schedule.guidance = inputs[2];
+      }
       executor.send_prompts(i * passes, job.prompt_embeds.narrow(0, m.first_row, rows),
                             job.pooled.narrow(0, m.first_row, rows));
+      executor.send_schedule(i * passes, schedule);
       ready.push_back(i * passes);
       if (cfg) {
         executor.send_prompts(i * passes + 1, job.negative_prompt_embeds.narrow(0, m.first_row, rows),
                               job.negative_pooled.narrow(0, m.first_row, rows));
+        executor.send_schedule(i * passes + 1, schedule);
         ready.push_back(i * passes + 1);
       }
       ++active;

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <iomanip>
 #include <memory>
 
 #include "core/error.h"
 #include "core/json_file.h"
+#include "core/log.h"
+#include "models/flux/flux_fused.h"
 #include "models/lora_check.h"
 #include "pipeline/device_stats.h"
 
@@ -102,10 +105,50 @@ void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds,
   c10::InferenceMode guard;
   const auto device = model_.device();
   if (model_.has_unfused_adapters())
-    prompts_[microbatch] = {at::Tensor(), pooled.to(device, model_.dtype()), prompt_embeds.to(device, model_.dtype())};
+    prompts_[microbatch] = {at::Tensor(), pooled.to(device, model_.dtype()), prompt_embeds.to(device, model_.dtype()),
+                            {}};
   else
     prompts_[microbatch] = {model_.embed_text(prompt_embeds.to(device, model_.dtype())), pooled.to(device, model_.dtype()),
-                            at::Tensor()};
+                            at::Tensor(), {}};
+}
+
+bool FluxStage::set_schedule(int64_t microbatch, const StepSchedule& schedule) {
+  DP_CHECK(is_first(), "microbatch ", microbatch, ": a schedule sent to a stage that does not start at block 0");
+  const auto found = prompts_.find(microbatch);
+  DP_CHECK(found != prompts_.end(), "microbatch ", microbatch, ": a schedule before its prompts");
+  if (schedule.timesteps.empty() || model_.has_unfused_adapters() ||
+      !models::flux::modulation_table_enabled(model_.device()))
+    return false;
+  const int64_t rows = found->second.pooled.size(0);
+  // What the table would take: 12 dim a row for a double block (norm1 and norm1_context), 3 dim for a single
+  // block, for each step and row in the run dtype; offloaded blocks compute theirs a step at a time.
+  const auto& config = model_.config();
+  const auto& parts = model_.parts();
+  int64_t widths = 0;
+  for (int64_t b = parts.first_block; b < parts.last_block; ++b)
+    if (parts.offloaded.count(b) == 0) widths += b < config.num_layers ? 12 : 3;
+  const auto wanted = static_cast<uint64_t>(widths * config.inner_dim() * rows) * schedule.timesteps.size() *
+                      c10::elementSize(model_.dtype());
+  uint64_t kept = 0;
+  for (const auto& [id, prompts] : prompts_) kept += prompts.modulation.nbytes();
+  if (kept + wanted > kModulationTableBudgetBytes) return false;
+  c10::InferenceMode guard;
+  const auto device = model_.device();
+  const at::Tensor guidance = schedule.guidance.defined() ? schedule.guidance.to(device) : at::Tensor();
+  std::vector<at::Tensor> tembs;
+  for (const auto& timestep : schedule.timesteps) {
+    DP_CHECK(timestep.dim() == 1 && timestep.size(0) == rows, "microbatch ", microbatch, ": a schedule's timestep ",
+             timestep.sizes(), " for ", rows, " rows");
+    // As run() computes a step's temb from its inputs.
+    tembs.push_back(model_.embed_time(timestep.to(device), guidance, found->second.pooled));
+  }
+  const auto started = std::chrono::steady_clock::now();
+  found->second.modulation = model_.modulation_table(tembs);
+  DP_DEBUG("microbatch ", microbatch, ": the modulation rows of ", schedule.timesteps.size(), " steps for ",
+           found->second.modulation.blocks.size(), " blocks, ", std::fixed, std::setprecision(1),
+           static_cast<double>(found->second.modulation.nbytes()) / (1 << 20), " MiB, queued in ",
+           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count(), " ms");
+  return true;
 }
 
 void FluxStage::forget(int64_t microbatch) { prompts_.erase(microbatch); }
@@ -147,7 +190,7 @@ double FluxStage::warm_up(int64_t batch) const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
-std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at::Tensor>& inputs) const {
+std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at::Tensor>& inputs, int step) const {
   c10::InferenceMode guard;
   const auto device = model_.device();
   models::FluxActivations state;
@@ -182,7 +225,12 @@ std::vector<at::Tensor> FluxStage::run(int64_t microbatch, const std::vector<at:
                state.text.size(1) == text_count(),
            "microbatch ", microbatch, ": ", state.image.sizes(), " image and ", state.text.sizes(), " text rows for a ",
            "stage that holds ", image_count(), " image and ", text_count(), " text tokens");
-  model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block, group());
+  const models::ModulationTable* table = nullptr;
+  if (is_first()) {
+    const auto& modulation = prompts_.at(microbatch).modulation;
+    if (step >= 0 && step < modulation.steps) table = &modulation;
+  }
+  model_.run_blocks(state, rope_, model_.parts().first_block, model_.parts().last_block, group(), table, step);
   if (is_last()) return {model_.head(state)};
   if (choices) return {state.image, state.text, state.temb, inputs[3]};
   return {state.image, state.text, state.temb};

@@ -22,6 +22,16 @@
 
 namespace dp::pipeline {
 
+// The transformer's timestep and guidance inputs of every step of one microbatch, exactly as the loop will pass
+// them step by step (pipeline/denoise_loop.cpp).
+struct StepSchedule {
+  std::vector<at::Tensor> timesteps;  // one (B,) tensor per step, step 0 first
+  at::Tensor guidance;                // (B,), or undefined without a guidance embedding
+};
+
+// The most bytes of modulation rows a stage keeps for the microbatches it holds; beyond it, rows a step at a time.
+constexpr uint64_t kModulationTableBudgetBytes = 128ull << 20;
+
 class FluxStage {
  public:
   // Reads only the tensors of blocks [first_block, last_block) (and of the embedders / head when held) from
@@ -56,6 +66,11 @@ class FluxStage {
   // First piece only: a microbatch's prompt embeddings, embedded once (the text stream's input is the same at
   // every step) and kept with the pooled projection until forget().
   void set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled);
+  // First piece only, after set_prompts: the microbatch's timesteps and guidance for all its steps. When
+  // models::flux::modulation_table_enabled and the rows fit kModulationTableBudgetBytes beside the other
+  // microbatches', the blocks' modulation rows of every step are computed now, in one pass over their weights, and
+  // run(..., step) takes its step's rows from them. Returns whether it made them.
+  bool set_schedule(int64_t microbatch, const StepSchedule& schedule);
   void forget(int64_t microbatch);
 
   // Runs one double and one single block of this piece (those it holds on the device) on zeros of a
@@ -67,7 +82,8 @@ class FluxStage {
   double warm_up(int64_t batch) const;
 
   // One step of one microbatch through this piece (see the payloads above). Inputs may live on any device.
-  std::vector<at::Tensor> run(int64_t microbatch, const std::vector<at::Tensor>& inputs) const;
+  // `step`: the step's index in the schedule set_schedule was given; -1 (or no schedule): rows from the inputs.
+  std::vector<at::Tensor> run(int64_t microbatch, const std::vector<at::Tensor>& inputs, int step = -1) const;
 
  private:
   struct Prompts {
@@ -76,6 +92,8 @@ class FluxStage {
     // Unfused adapters: the prompt embeddings wait here for the first step, which says the rows' adapter choice
     // that context_embedder's adapters need.
     at::Tensor unembedded;
+    // The blocks' modulation rows of every step (set_schedule); no steps when there is none.
+    models::ModulationTable modulation;
   };
   // The tokens this piece holds: its shard's text and image counts.
   int64_t text_count() const { return shard_.text_counts[static_cast<size_t>(shard_.index)]; }

@@ -189,7 +189,9 @@ int64_t allocator_reserve_bytes(const models::FluxConfig& config, io::DType dtyp
   const int64_t blas_workspaces = 2 /* cuBLAS, cuBLASLt */ * 2 /* compute and copy streams */ * 32 * kMiB;
   const int64_t qkv_while_loading = 6 * d * d * static_cast<int64_t>(io::dtype_size(dtype));
   const int64_t coordinator_state = 64 * kMiB;
-  return blas_workspaces + qkv_while_loading + coordinator_state;
+  // The first stage's modulation rows of a whole schedule (pipeline/flux_stage.h, kModulationTableBudgetBytes).
+  const int64_t modulation_table = 128 * kMiB;
+  return blas_workspaces + qkv_while_loading + coordinator_state + modulation_table;
 }
 
 int64_t allocator_weight_bytes(int64_t bytes) {

@@ -104,7 +104,9 @@ TimingReport time_placement(const std::vector<TimedUnit>& units, const ModuleTre
 //     (6 d^2 elements: 108 MiB for FLUX.1 in bf16);
 //   - what the coordinator keeps on its GPU across phases: prompt embeddings, pooled projections and the
 //     latents of a microbatch, the text stream's input per microbatch and the RoPE tables (tens of MiB at
-//     1024x1024; 64 MiB is held for them).
+//     1024x1024; 64 MiB is held for them);
+//   - the first stage's modulation rows for every step of the microbatches it holds (at most 128 MiB,
+//     pipeline/flux_stage.h), which it reads instead of the blocks' AdaLayerNorm weights every step.
 // The allocator's rounding (every allocation above 1 MiB is a multiple of 2 MiB) is counted per tensor in the
 // stage's weights instead (allocator_weight_bytes). What it keeps between phases (the text encoders' cached
 // segments, split by smaller tensors) is not planned for: the runtime returns the cache to the driver between

@@ -122,6 +122,10 @@ void RingExecutor::send_prompts(int64_t microbatch, const at::Tensor& prompt_emb
   }
 }
 
+void RingExecutor::send_schedule(int64_t microbatch, const pipeline::StepSchedule& schedule) {
+  if (local_ != nullptr && local_->is_first()) local_->set_schedule(microbatch, schedule);
+}
+
 void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) {
   // Every shard's latents leave before rank 0 computes its own: the group's ranks meet in all-to-alls inside it.
   const auto ranks = layout_.first_ranks();
@@ -135,7 +139,7 @@ void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> 
   if (!local_) return;
   if (exchange_ != nullptr) exchange_->at_step(step);
   clock_.begin(compute_span_name(*local_, microbatch, step));
-  auto outputs = local_->run(microbatch, local_inputs);
+  auto outputs = local_->run(microbatch, local_inputs, step);
   clock_.end(step);
   add_exchanges(times_, transport_, exchange_);
   clock_.collect(times_, false, timeout_seconds_);

@@ -827,13 +827,14 @@ def case_calibrate_on_load(binary, model, tmp, ranks):
 def case_start_up_paths(binary, model, tmp, ranks):
     # The start-up paths (the early CUDA start, on by default, named anyway: on a machine without a CUDA driver
     # it says so and starts nothing; DIFFPIPE_WARM_UP_BESIDE_LOAD=1: the blocks' warm-up beside their load, the
-    # default on CUDA, which on the CPU runs only when asked) leave the latents as the default run's, in one
-    # process and on every rank.
+    # default on CUDA, which on the CPU runs only when asked) and DIFFPIPE_MODULATION_TABLE=1 (rank 0's first stage
+    # takes its blocks' modulation rows from a table of the whole schedule, the other ranks a step at a time) leave
+    # the latents as the default run's, in one process and on every rank.
     code, output, _ = run([binary] + generate_args(model, tmp / "default.h5"))
     if code != 0:
         fail(f"one process exited {code}:\n{output}")
     reference = latents(tmp / "default.h5")
-    opt_in = ["env", "DIFFPIPE_EARLY_CUDA=1", "DIFFPIPE_WARM_UP_BESIDE_LOAD=1"]
+    opt_in = ["env", "DIFFPIPE_EARLY_CUDA=1", "DIFFPIPE_WARM_UP_BESIDE_LOAD=1", "DIFFPIPE_MODULATION_TABLE=1"]
     for world in (1, ranks):
         out = tmp / f"opt-in-{world}.h5"
         launcher = mpirun(world) if world > 1 else []
@@ -851,8 +852,10 @@ def case_start_up_paths(binary, model, tmp, ranks):
                 fail(f"rank {rank} does not say what the early CUDA start did:\n{output}")
             if not any("while the blocks loaded" in l for l in mine):
                 fail(f"rank {rank} did not warm its blocks up beside their load:\n{output}")
-        print(f"{world} rank(s) with DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1: bit-identical to the "
-              f"default ({seconds:.1f} s)")
+        if not any("the modulation rows of" in l for l in lines):
+            fail(f"no modulation table was made with DIFFPIPE_MODULATION_TABLE=1:\n{output}")
+        print(f"{world} rank(s) with DIFFPIPE_EARLY_CUDA=1 DIFFPIPE_WARM_UP_BESIDE_LOAD=1 "
+              f"DIFFPIPE_MODULATION_TABLE=1: bit-identical to the default ({seconds:.1f} s)")
 
 
 CASES = {"components": case_components, "incremental": case_incremental, "bounded-memory": case_bounded_memory,

@@ -14,6 +14,7 @@
 #include "io/parallel_load.h"
 #include "io/safetensors_writer.h"
 #include "io/torch_tensors.h"
+#include "models/flux/flux_fused.h"
 #include "models/flux/flux_transformer.h"
 #include "models/flux/fp8_gemm.h"
 #include "placement/flux_module_tree.h"
@@ -165,6 +166,42 @@ TEST_P(FluxOracle, AnySplitEqualsNoSplit) {
   EXPECT_TRUE(at::equal(run_split(c.transformer_dir, c.inputs, every), whole)) << GetParam();
 }
 
+// The modulation table (FluxTransformer::modulation_table): a step's rows from it give, bit for bit, what the blocks
+// compute from that step's temb (on CUDA the kernel's rows do not depend on how many come together; elsewhere the
+// table runs the layer a step at a time). Another step's rows must change the output, or the table was never read.
+void expect_table_gives_the_steps_rows(const OracleCase& c, at::Device device) {
+  const auto model = FluxTransformer::load(c.transformer_dir, at::kFloat, device);
+  const FluxInputs in = to_device(c.inputs, device);
+  const int64_t batch = in.hidden_states.size(0);
+  std::vector<at::Tensor> tembs;
+  for (const double t : {1.0, 0.6, 0.25})
+    tembs.push_back(model.embed_time(at::full({batch}, t, at::TensorOptions().device(device)), in.guidance,
+                                     in.pooled_projections));
+  const ModulationTable table = model.modulation_table(tembs);
+  const FluxConfig& config = model.config();
+  EXPECT_EQ(static_cast<int64_t>(table.blocks.size()), config.num_blocks());
+  const int64_t widths = 12 * config.num_layers + 3 * (config.num_blocks() - config.num_layers);
+  EXPECT_EQ(table.nbytes(), static_cast<uint64_t>(3 * batch * widths * config.inner_dim() * 4));
+  const auto rope = model.rotary(in.txt_ids, in.img_ids);
+  const auto run = [&](const ModulationTable* rows, int64_t step) {
+    FluxActivations state{model.embed_image(in.hidden_states), model.embed_text(in.encoder_hidden_states), tembs[1]};
+    model.run_blocks(state, rope, 0, config.num_blocks(), nullptr, rows, step);
+    return model.head(state).cpu();
+  };
+  const at::Tensor plain = run(nullptr, 1);
+  const at::Tensor from_table = run(&table, 1);
+  EXPECT_TRUE(at::equal(from_table, plain)) << "max difference " << (from_table - plain).abs().max().item<double>();
+  EXPECT_GT(relative_error(run(&table, 2), plain), 1e-3) << "another step's rows changed nothing";
+  FluxActivations wrong_rows{model.embed_image(in.hidden_states), model.embed_text(in.encoder_hidden_states),
+                             at::cat({tembs[1], tembs[1]}, 0)};
+  EXPECT_THROW(model.run_blocks(wrong_rows, rope, 0, 1, nullptr, &table, 1), Error);
+}
+
+TEST_P(FluxOracle, ModulationTableGivesTheStepsRowsBitForBit) {
+  c10::InferenceMode guard;
+  expect_table_gives_the_steps_rows(load_case(GetParam()), at::kCPU);
+}
+
 INSTANTIATE_TEST_SUITE_P(Oracle, FluxOracle, ::testing::ValuesIn(kCases));
 
 // --fp8-gemms against its definition run by diffusers (cases_flux.py), in root-mean-square relative errors. A
@@ -219,6 +256,13 @@ class FluxOracleCuda : public ::testing::TestWithParam<std::string> {
   void SetUp() override { DP_TEST_NEED_CUDA(); }
 };
 
+
+TEST_P(FluxOracleCuda, ModulationTableGivesTheStepsRowsBitForBit) {
+  c10::InferenceMode guard;
+  flux::set_modulation_table_override(true);
+  expect_table_gives_the_steps_rows(load_case(GetParam()), at::kCUDA);
+  flux::set_modulation_table_override(std::nullopt);
+}
 
 TEST_P(FluxOracleCuda, Fp32MatchesDiffusers) {
   c10::InferenceMode guard;

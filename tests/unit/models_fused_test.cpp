@@ -221,6 +221,15 @@ TEST(FusedLinearGelu, CpuFallbackMatchesLinearThenGeluDefinitions) {
   EXPECT_THROW(linear_gelu_tanh_into(random({2, 7, 48}, 46), layer, at::empty({2, 7, 39})), Error);
 }
 
+// Off CUDA the modulation rows are the layer's own linear, bit for bit.
+TEST(FusedModulation, ModulationRowsOnCpuAreTheLinear) {
+  const at::Tensor act = random({3, 20}, 70);
+  const Linear layer{random({12, 20}, 71), random({12}, 72), nullptr, {}};
+  EXPECT_TRUE(at::equal(modulation_rows(layer, act), at::linear(act, layer.weight, layer.bias)));
+  EXPECT_THROW(modulation_rows(layer, random({3, 21}, 73)), Error);
+  EXPECT_THROW(modulation_rows(layer, random({3, 1, 20}, 74)), Error);
+}
+
 TEST(FusedModulation, RejectsMismatchedShapes) {
   c10::InferenceMode guard;
   const at::Tensor x = random({2, 7, 48}, 10);
@@ -336,6 +345,42 @@ TEST_P(FusedCuda, LinearGeluMatchesAten) {
     EXPECT_LE(max_difference, dtype == at::kFloat ? 1e-5 * scale : 2 * ulp * scale);
     EXPECT_EQ(fused.narrow(-1, 0, 16).abs().sum().item<double>(), 0.0) << "wrote outside its columns";
   }
+}
+
+// The modulation rows' kernel against ATen's linear (cuBLAS), and what it exists for: a row comes out bit for bit
+// the same whether it is computed alone, with a few others or with a whole schedule's rows, and whether the weight
+// sits on 16 bytes (resident) or not (a streamed copy). Shapes: FLUX-like, and widths that are no multiple of the
+// 16-byte chunk (the element-by-element loads).
+TEST_P(FusedCuda, ModulationRowsMatchAtenAndDoNotDependOnTheRowCount) {
+  c10::InferenceMode guard;
+  const at::ScalarType dtype = GetParam();
+  set_modulation_table_override(true);  // the kernel; both_paths' other side is ATen's linear
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{3072, 1536}, {40, 24}, {36, 7}}) {
+    const at::Tensor act = at::silu(random({28, k}, 60, dtype, at::kCUDA));
+    const Linear layer{(random({n, k}, 61, at::kFloat, at::kCUDA) / std::sqrt(static_cast<double>(k))).to(dtype),
+                       random({n}, 62, dtype, at::kCUDA), nullptr, {}};
+    auto [fused, reference] = both_paths([&] { return modulation_rows(layer, act); });
+    const double ulp = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 0;
+    const double scale = reference.abs().max().item<double>();
+    const double max_difference = (fused - reference).abs().max().item<double>();
+    std::cout << "modulation_rows " << dtype << " k=" << k << " n=" << n << ": max difference " << max_difference
+              << " (scale " << scale << ")\n";
+    EXPECT_LE(max_difference, dtype == at::kFloat ? 1e-5 * scale : 2 * ulp * scale);
+
+    const at::Tensor all_rows = modulation_rows(layer, act);
+    for (const int64_t row : {0, 7, 8, 27}) {
+      EXPECT_TRUE(at::equal(modulation_rows(layer, act.narrow(0, row, 1)), all_rows.narrow(0, row, 1)))
+          << "row " << row << " alone differs from the same row among 28 (k=" << k << ")";
+    }
+    EXPECT_TRUE(at::equal(modulation_rows(layer, act.narrow(0, 5, 4)), all_rows.narrow(0, 5, 4)));
+    // The same weight one element past a 16-byte boundary.
+    const at::Tensor storage = at::empty({n * k + 1}, layer.weight.options());
+    const at::Tensor shifted = storage.narrow(0, 1, n * k).view({n, k});
+    shifted.copy_(layer.weight);
+    const Linear unaligned{shifted, layer.bias, nullptr, {}};
+    EXPECT_TRUE(at::equal(modulation_rows(unaligned, act), all_rows)) << "an unaligned weight sums in another order";
+  }
+  set_modulation_table_override(std::nullopt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedCuda, ::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),

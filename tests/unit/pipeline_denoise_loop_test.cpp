@@ -154,11 +154,13 @@ class PromptRing : public StageExecutor {
   void send_prompts(int64_t microbatch, const at::Tensor& embeds, const at::Tensor&) override {
     offsets_[microbatch] = embeds.mean().item<double>();
   }
+  void send_schedule(int64_t microbatch, const StepSchedule& schedule) override { schedules[microbatch] = schedule; }
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override {
     queue_.push_back({microbatch, step, inputs[0] * 0.5 + offsets_.at(microbatch)});
     max_queued = std::max(max_queued, queue_.size());
     inputs_seen.push_back(inputs);
     submitted.push_back(microbatch);
+    steps_seen.push_back(step);
   }
   StepResult wait_result() override {
     StepResult result = queue_.front();
@@ -171,6 +173,8 @@ class PromptRing : public StageExecutor {
   size_t max_queued = 0;
   std::vector<int64_t> submitted, released;
   std::vector<std::vector<at::Tensor>> inputs_seen;
+  std::vector<int> steps_seen;
+  std::map<int64_t, StepSchedule> schedules;
 
  private:
   int depth_;
@@ -224,6 +228,28 @@ TEST(DenoiseLoop, TrueCfgWindowHoldsHalfAsManyMicrobatchesAndAdapterChoicesTrave
     ASSERT_EQ(ring.inputs_seen[i].size(), 4u);
     const int64_t image = ring.submitted[i] / 2;
     EXPECT_EQ(ring.inputs_seen[i][3].item<int64_t>(), job.adapter_choices[image].item<int64_t>());
+  }
+}
+
+// A first stage computes its modulation rows for a whole schedule from what send_schedule hands it, and takes a
+// step's rows from them by the step's index: each pass's schedule must hold, at every step, the very timestep and
+// guidance that step then brings (FluxStage::set_schedule).
+TEST(DenoiseLoop, EachPassIsSentTheTimestepsAndGuidanceItsStepsBring) {
+  schedulers::FlowMatchEulerScheduler scheduler{schedulers::FlowMatchSchedulerConfig{}};
+  scheduler.set_timesteps(4);
+  DenoiseJob job = cfg_job(scheduler, 3);
+  job.guidance = 4.5;
+  PromptRing ring(2);
+  run_denoise_loop(job, ring, {});
+  EXPECT_EQ(ring.schedules.size(), 6u) << "one schedule per pass of each image";
+  for (size_t i = 0; i < ring.submitted.size(); ++i) {
+    const StepSchedule& schedule = ring.schedules.at(ring.submitted[i]);
+    ASSERT_EQ(schedule.timesteps.size(), 4u);
+    const auto& inputs = ring.inputs_seen[i];
+    EXPECT_TRUE(at::equal(schedule.timesteps[static_cast<size_t>(ring.steps_seen[i])], inputs[1]))
+        << "pass " << ring.submitted[i] << ", step " << ring.steps_seen[i];
+    ASSERT_TRUE(schedule.guidance.defined());
+    EXPECT_TRUE(at::equal(schedule.guidance, inputs[2]));
   }
 }
 

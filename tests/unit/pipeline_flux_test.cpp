@@ -18,7 +18,9 @@
 #include "io/torch_tensors.h"
 #include "fixtures/random_model.h"
 #include "fixtures/tiny_components.h"
+#include "models/flux/flux_fused.h"
 #include "pipeline/flux_pipeline.h"
+#include "pipeline/flux_stage.h"
 #include "pipeline/latent_layout.h"
 #include "test_support.h"
 
@@ -253,6 +255,52 @@ TEST(GenerateCommand, RoundsSizesDownWithDiffusersWarning) {
   ASSERT_EQ(w, c.images.size(2));
   const at::Tensor image = at::from_blob(const_cast<uint8_t*>(pixels.data()), {h, w, 3}, at::kByte);
   EXPECT_GE(psnr(image, c.images[0]), 40.0);
+}
+
+// A first stage given its schedule (FluxStage::set_schedule) takes each step's modulation rows from the table it
+// made, the same bits as the rows computed a step at a time; another step's rows change the output; a schedule whose
+// rows pass the budget gets no table; and none is made while the table is off (the default until measured).
+TEST(FluxStageSchedule, StepsTakeTheirRowsFromTheTableWithinItsBudget) {
+  c10::InferenceMode guard;
+  const LatentGrid grid{8, 8, 8};
+  FluxStage stage(dp::test::reference_dir() + "/flux/dev_like/transformer", 0, -1, at::kFloat, at::kCPU, grid, 6);
+  const auto& config = stage.config();
+  const int64_t rows = 2;
+  at::manual_seed(7);
+  const auto prompts = [&](int64_t microbatch) {
+    stage.set_prompts(microbatch, at::randn({rows, 6, config.joint_attention_dim}),
+                      at::randn({rows, config.pooled_projection_dim}));
+  };
+  prompts(0);
+  StepSchedule schedule;
+  for (const double t : {1.0, 0.5, 0.25}) schedule.timesteps.push_back(at::full({rows}, t));
+  if (config.guidance_embeds) schedule.guidance = at::full({rows}, 3.5);
+  models::flux::set_modulation_table_override(false);
+  EXPECT_FALSE(stage.set_schedule(0, schedule)) << "a table while it is off";
+  models::flux::set_modulation_table_override(true);
+  ASSERT_TRUE(stage.set_schedule(0, schedule));
+  const at::Tensor latents = at::randn({rows, grid.tokens(), config.in_channels});
+  const auto inputs = [&](int step) {
+    return std::vector<at::Tensor>{latents, schedule.timesteps[static_cast<size_t>(step)], schedule.guidance};
+  };
+  const auto relative = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+  };
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor plain = stage.run(0, inputs(step))[0];
+    EXPECT_TRUE(at::equal(stage.run(0, inputs(step), step)[0], plain)) << "step " << step;
+  }
+  EXPECT_GT(relative(stage.run(0, inputs(0), 2)[0], stage.run(0, inputs(0))[0]), 1e-3)
+      << "step 2's rows changed nothing: the table was not read";
+  // Rows beyond the budget: 12 widths of a double block, 3 of a single, per row, step and fp32 value.
+  const int64_t widths = 12 * config.num_layers + 3 * (config.num_blocks() - config.num_layers);
+  const auto step_bytes = static_cast<uint64_t>(widths * config.inner_dim() * rows * 4);
+  const size_t too_many = kModulationTableBudgetBytes / step_bytes + 1;
+  const StepSchedule long_schedule{std::vector<at::Tensor>(too_many, at::full({rows}, 0.5)), schedule.guidance};
+  prompts(1);
+  EXPECT_FALSE(stage.set_schedule(1, long_schedule));
+  EXPECT_EQ(stage.run(1, inputs(0), 0)[0].size(0), rows) << "a step without a table runs as before";
+  models::flux::set_modulation_table_override(std::nullopt);
 }
 
 TEST(LatentLayout, GridFollowsTheVaeScaleFactorAndRoundsDownAsDiffusers) {

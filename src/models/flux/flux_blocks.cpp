@@ -128,11 +128,23 @@ DoubleBlock DoubleBlock::load(const ModuleWeights& w, const FluxConfig& c) {
   return b;
 }
 
+BlockModulation BlockModulation::rows(int64_t first, int64_t count) const {
+  return {image.narrow(0, first, count), text.defined() ? text.narrow(0, first, count) : text};
+}
+
+BlockModulation DoubleBlock::modulation(const at::Tensor& act, int64_t group_rows) const {
+  return {modulation_rows(norm1, act, group_rows), modulation_rows(norm1_context, act, group_rows)};
+}
+
 void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
                           const SequenceShard* shard) const {
-  const at::Tensor act = at::silu(temb);
-  const auto mod = norm1(act).chunk(6, 1);  // shift, scale, gate for attention, then for the MLP
-  const auto cmod = norm1_context(act).chunk(6, 1);
+  forward(image, text, modulation(at::silu(temb)), rope, shard);
+}
+
+void DoubleBlock::forward(at::Tensor& image, at::Tensor& text, const BlockModulation& rows, const RotaryTables& rope,
+                          const SequenceShard* shard) const {
+  const auto mod = rows.image.chunk(6, 1);  // shift, scale, gate for attention, then for the MLP
+  const auto cmod = rows.text.chunk(6, 1);
   const at::Tensor norm_image = layer_norm_modulate(image, mod[0], mod[1]);
   const at::Tensor norm_text = layer_norm_modulate(text, cmod[0], cmod[1]);
 
@@ -190,11 +202,20 @@ at::Tensor SingleBlock::attention_and_mlp(const at::Tensor& normed, const Rotary
   return proj_out(mixed);
 }
 
+BlockModulation SingleBlock::modulation(const at::Tensor& act, int64_t group_rows) const {
+  return {modulation_rows(norm, act, group_rows), {}};
+}
+
 void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+                          const SequenceShard* shard) const {
+  forward(image, text, modulation(at::silu(temb)), rope, shard);
+}
+
+void SingleBlock::forward(at::Tensor& image, at::Tensor& text, const BlockModulation& rows, const RotaryTables& rope,
                           const SequenceShard* shard) const {
   const int64_t text_len = text.size(1);
   const at::Tensor residual = joined(text, image);
-  const auto mod = norm(at::silu(temb)).chunk(3, 1);  // shift, scale, gate
+  const auto mod = rows.image.chunk(3, 1);  // shift, scale, gate
   const at::Tensor normed = layer_norm_modulate(residual, mod[0], mod[1]);
   const at::Tensor joint = clip_if_half(add_gated(residual, mod[2], attention_and_mlp(normed, rope, shard)));
   text = joint.slice(1, 0, text_len);

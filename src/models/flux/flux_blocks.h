@@ -26,6 +26,15 @@ struct AttentionWeights {
   AttentionWeights map(const TensorMap& f) const;
 };
 
+// A block's AdaLayerNorm rows for one step, (B, width) each: a double block's image (norm1) and text
+// (norm1_context) rows, a single block's (norm) in `image`. Computed from silu(temb) a step at a time, or sliced out
+// of rows computed for a whole schedule at once (FluxTransformer::modulation_table); both give the same bits.
+struct BlockModulation {
+  at::Tensor image, text;
+  // Rows [first, first + count) of each.
+  BlockModulation rows(int64_t first, int64_t count) const;
+};
+
 // FluxTransformerBlock: separate image and text streams meeting in joint attention.
 struct DoubleBlock {
   Linear norm1, norm1_context;  // AdaLayerNormZero projections (dim -> 6 dim)
@@ -35,9 +44,13 @@ struct DoubleBlock {
   static DoubleBlock load(const ModuleWeights& w, const FluxConfig& c);
   DoubleBlock map(const TensorMap& f) const;
   uint64_t nbytes() const;
+  // `act` is silu(temb), (rows, D); `group_rows` as modulation_rows (flux_fused.h) takes it.
+  BlockModulation modulation(const at::Tensor& act, int64_t group_rows = 0) const;
   // Updates image (B, N, D) and text (B, T, D) in place of the caller's handles. With a `shard` of several
   // members they are this member's tokens and `rope` its rows (shard_rotary); attention spans the whole sequence.
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+               const SequenceShard* shard = nullptr) const;
+  void forward(at::Tensor& image, at::Tensor& text, const BlockModulation& mod, const RotaryTables& rope,
                const SequenceShard* shard = nullptr) const;
 };
 
@@ -51,7 +64,10 @@ struct SingleBlock {
   static SingleBlock load(const ModuleWeights& w, const FluxConfig& c);
   SingleBlock map(const TensorMap& f) const;
   uint64_t nbytes() const;
+  BlockModulation modulation(const at::Tensor& act, int64_t group_rows = 0) const;  // act = silu(temb)
   void forward(at::Tensor& image, at::Tensor& text, const at::Tensor& temb, const RotaryTables& rope,
+               const SequenceShard* shard = nullptr) const;
+  void forward(at::Tensor& image, at::Tensor& text, const BlockModulation& mod, const RotaryTables& rope,
                const SequenceShard* shard = nullptr) const;
 
  private:

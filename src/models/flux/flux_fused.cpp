@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 
@@ -12,6 +13,7 @@
 
 #include "models/flux/cuda/cublaslt_matmul.h"
 #include "models/flux/cuda/flux_fused_kernels.h"
+#include "models/flux/cuda/modulation_rows.h"
 #endif
 
 namespace dp::models::flux {
@@ -22,6 +24,21 @@ std::atomic<int>& fused_setting() {
     const char* value = std::getenv("DIFFPIPE_FUSED_KERNELS");
     return (value != nullptr && std::strcmp(value, "0") == 0) ? 0 : 1;
   }();
+  return setting;
+}
+
+// Off until a GPU run has measured the table against the rows a step at a time (bench/RESULTS.md).
+constexpr bool kModulationTableByDefault = false;
+
+// DIFFPIPE_MODULATION_TABLE: 1 on, 0 off, -1 (unset or anything else) the default.
+int modulation_table_from_environment() {
+  const char* value = std::getenv("DIFFPIPE_MODULATION_TABLE");
+  if (value == nullptr) return -1;
+  return std::strcmp(value, "1") == 0 ? 1 : std::strcmp(value, "0") == 0 ? 0 : -1;
+}
+
+std::atomic<int>& modulation_table_setting() {
+  static std::atomic<int> setting{modulation_table_from_environment()};
   return setting;
 }
 
@@ -202,6 +219,43 @@ at::Tensor linear_gelu_tanh(const at::Tensor& x, const Linear& layer) {
   const at::Tensor out = at::empty({x.size(0), x.size(1), layer.weight.size(0)}, x.options());
   linear_gelu_tanh_into(x, layer, out);
   return out;
+}
+
+bool modulation_table_enabled(const at::Device& device) {
+  const int setting = modulation_table_setting().load();
+  if (setting >= 0) return setting == 1;
+  return kModulationTableByDefault && device.is_cuda() && fused_kernels_enabled();
+}
+
+void set_modulation_table_override(std::optional<bool> enabled) {
+  modulation_table_setting().store(enabled.has_value() ? (*enabled ? 1 : 0) : modulation_table_from_environment());
+}
+
+at::Tensor modulation_rows(const Linear& layer, const at::Tensor& act, int64_t group_rows) {
+  DP_CHECK(act.dim() == 2 && layer.weight.dim() == 2 && act.size(1) == layer.weight.size(1), "modulation projection ",
+           layer.weight.sizes(), " on input ", act.sizes());
+  DP_CHECK(group_rows >= 0 && (group_rows == 0 || act.size(0) % group_rows == 0), "modulation rows in groups of ",
+           group_rows, " for ", act.size(0), " rows");
+#ifdef DIFFPIPE_HAVE_CUDA
+  if (use_kernels(act) && modulation_table_enabled(act.device()) && !layer.adapters && !layer.weight_scale.defined() &&
+      layer.weight.is_contiguous() && layer.weight.scalar_type() == act.scalar_type() &&
+      layer.weight.device() == act.device() &&
+      (!layer.bias.defined() || (layer.bias.scalar_type() == act.scalar_type() && layer.bias.is_contiguous()))) {
+    const c10::cuda::CUDAGuard guard(act.device());
+    const at::Tensor x = act.contiguous();
+    at::Tensor out = at::empty({x.size(0), layer.weight.size(0)}, x.options());
+    kernels::modulation_rows(element_type(x), x.data_ptr(), layer.weight.data_ptr(),
+                             layer.bias.defined() ? layer.bias.data_ptr() : nullptr, x.size(0), layer.weight.size(0),
+                             x.size(1), out.data_ptr(), current_stream(x));
+    check_launch("modulation_rows");
+    return out;
+  }
+#endif
+  if (group_rows == 0 || group_rows == act.size(0)) return layer(act);
+  std::vector<at::Tensor> groups;
+  for (int64_t first = 0; first < act.size(0); first += group_rows)
+    groups.push_back(layer(act.narrow(0, first, group_rows).clone()));
+  return at::cat(groups, 0);
 }
 
 }  // namespace dp::models::flux

@@ -4,6 +4,8 @@
 // fallback is the reference the CUDA tests compare the kernels against.
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "models/flux/flux_layers.h"
 #include "models/module_weights.h"
 
@@ -44,5 +46,22 @@ void gelu_tanh_into(const at::Tensor& src, const at::Tensor& dst);
 // or when cuBLASLt has no algorithm, it is diffusers' linear then gelu.
 void linear_gelu_tanh_into(const at::Tensor& x, const Linear& layer, const at::Tensor& out);
 at::Tensor linear_gelu_tanh(const at::Tensor& x, const Linear& layer);
+
+// Whether the blocks' modulation rows come from diffpipe's kernel on `device` and, on a first stage, from a table
+// of the whole schedule (models::ModulationTable, pipeline::FluxStage::set_schedule): both or neither, since a
+// table's rows equal a step's only when every rank computes them with the kernel (elsewhere the table runs the
+// layer's own product a step at a time, the same bits too). DIFFPIPE_MODULATION_TABLE=1 turns them on, =0 off; by
+// default off until a GPU run has measured it.
+bool modulation_table_enabled(const at::Device& device);
+// Tests and A/B benchmarks: true or false overrides DIFFPIPE_MODULATION_TABLE and the default; nullopt restores them.
+void set_modulation_table_override(std::optional<bool> enabled);
+
+// A block's AdaLayerNorm projection of silu(temb), (rows, dim) -> (rows, width): one row per image, 3.2 billion of
+// FLUX.1-dev's weights read for a handful of rows every step. With modulation_table_enabled on CUDA, a kernel that
+// reads the weight once for all rows and sums each row in an order fixed by dim alone (cuda/modulation_rows.h), so a
+// row's result does not depend on how many rows come with it; otherwise, and with unfused LoRA adapters or FP8
+// weights, the layer's own product, run on each group of `group_rows` rows (a step's) apart, each group copied out
+// first, so that a table's rows are those of the same product a step at a time (0: all rows as one group).
+at::Tensor modulation_rows(const Linear& layer, const at::Tensor& act, int64_t group_rows = 0);
 
 }  // namespace dp::models::flux

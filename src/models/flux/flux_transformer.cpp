@@ -173,20 +173,66 @@ flux::RotaryTables FluxTransformer::rotary(const at::Tensor& txt_ids, const at::
   return flux::rotary_tables(at::cat({txt_ids, img_ids}, 0).to(device_), config_.axes_dims_rope);
 }
 
+uint64_t ModulationTable::nbytes() const {
+  uint64_t total = 0;
+  for (const auto& [block, rows] : blocks)
+    total += rows.image.nbytes() + (rows.text.defined() ? rows.text.nbytes() : 0);
+  return total;
+}
+
+flux::BlockModulation ModulationTable::at(int64_t block, int64_t step) const {
+  DP_CHECK(step >= 0 && step < steps, "step ", step, " of a modulation table of ", steps, " steps");
+  const auto found = blocks.find(block);
+  if (found == blocks.end()) return {};
+  return found->second.rows(step * rows_per_step, rows_per_step);
+}
+
+ModulationTable FluxTransformer::modulation_table(const std::vector<at::Tensor>& tembs) const {
+  DP_CHECK(!tembs.empty(), "a modulation table needs at least one step's temb");
+  const int64_t rows = tembs.front().size(0);
+  std::vector<at::Tensor> acts;
+  for (const auto& temb : tembs) {
+    DP_CHECK(temb.dim() == 2 && temb.size(0) == rows && temb.size(1) == config_.inner_dim(), "temb ", temb.sizes(),
+             " among steps of ", rows, " rows of ", config_.inner_dim());
+    // silu step by step, on the same (B, D) shape the blocks see a step at a time.
+    acts.push_back(at::silu(temb.to(device_, dtype_)));
+  }
+  const at::Tensor act = at::cat(acts, 0);
+  ModulationTable table{static_cast<int64_t>(tembs.size()), rows};
+  for (int64_t b = std::max<int64_t>(parts_.first_block, 0); b < parts_.last_block; ++b) {
+    if (offloaded_ && offloaded_->holds(b)) continue;
+    if (b < config_.num_layers) {
+      table.blocks[b] = double_blocks_[static_cast<size_t>(b - parts_.first_block)].modulation(act, rows);
+    } else {
+      const int64_t first_single = std::max(parts_.first_block, config_.num_layers);
+      table.blocks[b] = single_blocks_[static_cast<size_t>(b - first_single)].modulation(act, rows);
+    }
+  }
+  return table;
+}
+
 void FluxTransformer::run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first,
-                                 int64_t last, const flux::SequenceShard* shard) const {
+                                 int64_t last, const flux::SequenceShard* shard, const ModulationTable* table,
+                                 int64_t step) const {
   DP_CHECK(first >= parts_.first_block && last <= parts_.last_block && first <= last, "blocks [", first, ", ", last,
            ") requested but this instance holds [", parts_.first_block, ", ", parts_.last_block, ")");
   DP_CHECK(rope.cos.size(0) == state.text.size(1) + state.image.size(1), "rotary tables cover ", rope.cos.size(0),
            " positions but the state has ", state.text.size(1), " text + ", state.image.size(1), " image tokens");
+  DP_CHECK(table == nullptr || table->rows_per_step == state.temb.size(0), "a modulation table of ",
+           table == nullptr ? 0 : table->rows_per_step, " rows a step for a state of ", state.temb.size(0), " rows");
   for (int64_t b = first; b < last; ++b) {
+    const flux::BlockModulation rows = table == nullptr ? flux::BlockModulation{} : table->at(b, step);
     if (offloaded_ && offloaded_->holds(b)) {
       offloaded_->forward(b, state.image, state.text, state.temb, rope, shard);
     } else if (b < config_.num_layers) {
-      double_blocks_[static_cast<size_t>(b - parts_.first_block)].forward(state.image, state.text, state.temb, rope, shard);
+      const auto& block = double_blocks_[static_cast<size_t>(b - parts_.first_block)];
+      if (rows.image.defined()) block.forward(state.image, state.text, rows, rope, shard);
+      else block.forward(state.image, state.text, state.temb, rope, shard);
     } else {
       const int64_t first_single = std::max(parts_.first_block, config_.num_layers);
-      single_blocks_[static_cast<size_t>(b - first_single)].forward(state.image, state.text, state.temb, rope, shard);
+      const auto& block = single_blocks_[static_cast<size_t>(b - first_single)];
+      if (rows.image.defined()) block.forward(state.image, state.text, rows, rope, shard);
+      else block.forward(state.image, state.text, state.temb, rope, shard);
     }
   }
 }

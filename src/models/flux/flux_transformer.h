@@ -36,6 +36,20 @@ struct FluxInputs {
   at::Tensor guidance;               // (B,) or undefined when the config has no guidance embedding
 };
 
+// The modulation rows of every step of a schedule, for the blocks a model holds on its device: the AdaLayerNorm
+// projections of silu(temb) read 3.2 billion of FLUX.1-dev's weights for a handful of rows, so computing all steps'
+// rows in one pass reads them once a schedule instead of once a step (on CUDA, through flux::modulation_rows' kernel;
+// elsewhere a step at a time). Row for row the same bits as the blocks compute a step at a time, so a rank with a
+// table and a rank without agree.
+struct ModulationTable {
+  int64_t steps = 0;
+  int64_t rows_per_step = 0;                             // the microbatch's batch rows
+  std::map<int64_t, flux::BlockModulation> blocks = {};  // by global block index: (steps * rows_per_step, width)
+  uint64_t nbytes() const;
+  // Block `block`'s rows of `step`; undefined tensors when the table does not hold the block.
+  flux::BlockModulation at(int64_t block, int64_t step) const;
+};
+
 // Which parts a FluxTransformer instance holds.
 struct FluxParts {
   bool embedders = true;  // x_embedder, context_embedder, time_text_embed
@@ -79,8 +93,14 @@ class FluxTransformer {
   flux::RotaryTables rotary(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
   // With a `shard` of several members, `state` holds this member's tokens (text and image shards) and `rope`
   // their rows (flux::shard_rotary); each block's attention still spans the whole sequence.
+  // With a `table`, the blocks it holds take their modulation rows of `step` from it instead of computing them from
+  // state.temb, which must then be the temb the table was made from for that step.
   void run_blocks(FluxActivations& state, const flux::RotaryTables& rope, int64_t first, int64_t last,
-                  const flux::SequenceShard* shard = nullptr) const;
+                  const flux::SequenceShard* shard = nullptr, const ModulationTable* table = nullptr,
+                  int64_t step = 0) const;
+  // `tembs`: one (B, D) temb per step, each as embed_time gives it for that step. Holds every block of this
+  // instance but the offloaded ones (their weights are on the device only while they run).
+  ModulationTable modulation_table(const std::vector<at::Tensor>& tembs) const;
   at::Tensor head(const FluxActivations& state) const;
   // Unfused LoRA: which of the LoRA set's adapter choices each row of the next forward uses (one index per
   // batch row); without a call every row uses the default. No effect without unfused adapters.
