@@ -27,7 +27,8 @@ std::atomic<int>& fused_setting() {
   return setting;
 }
 
-// Off until a GPU run has measured the table against the rows a step at a time (bench/RESULTS.md).
+// Off: on an H100 the kernel took 1.36x cuBLAS's time for a step's rows and 13x for a schedule's, so the table saved
+// rank 0 only 1.28 ms a step and cost the other ranks 0.9 ms (bench/RESULTS.md, session 22).
 constexpr bool kModulationTableByDefault = false;
 
 // DIFFPIPE_MODULATION_TABLE: 1 on, 0 off, -1 (unset or anything else) the default.

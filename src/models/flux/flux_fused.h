@@ -50,8 +50,8 @@ at::Tensor linear_gelu_tanh(const at::Tensor& x, const Linear& layer);
 // Whether the blocks' modulation rows come from diffpipe's kernel on `device` and, on a first stage, from a table
 // of the whole schedule (models::ModulationTable, pipeline::FluxStage::set_schedule): both or neither, since a
 // table's rows equal a step's only when every rank computes them with the kernel (elsewhere the table runs the
-// layer's own product a step at a time, the same bits too). DIFFPIPE_MODULATION_TABLE=1 turns them on, =0 off; by
-// default off until a GPU run has measured it.
+// layer's own product a step at a time, the same bits too). DIFFPIPE_MODULATION_TABLE=1 turns them on, =0 off; off
+// by default while the kernel is slower than cuBLAS (bench/RESULTS.md, session 22).
 bool modulation_table_enabled(const at::Device& device);
 // Tests and A/B benchmarks: true or false overrides DIFFPIPE_MODULATION_TABLE and the default; nullopt restores them.
 void set_modulation_table_override(std::optional<bool> enabled);
