@@ -102,6 +102,7 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
   // stage has work. A microbatch's prompts reach the first stage only when it enters the window, so the stage
   // keeps the embedded prompts of the window, not of the whole batch.
   const int depth = std::max(1, executor.max_in_flight());
+  const bool takes_schedule = executor.takes_schedule();
   const auto count = static_cast<int64_t>(microbatches.size());
   const auto started = std::chrono::steady_clock::now();
   std::vector<int> finished_steps;
@@ -130,19 +131,19 @@ at::Tensor run_denoise_loop(const DenoiseJob& job, StageExecutor& executor, cons
       const int64_t rows = m.latents.size(0);
       // Every step's timestep and guidance, as step_inputs will make them; both passes of true CFG take the same.
       StepSchedule schedule;
-      for (int s = 0; s < steps; ++s) {
+      for (int s = 0; s < steps && takes_schedule; ++s) {
         const auto inputs = transformer_inputs(job, m.latents, m.first_row, s);
         schedule.timesteps.push_back(inputs[1]);
         schedule.guidance = inputs[2];
       }
       executor.send_prompts(i * passes, job.prompt_embeds.narrow(0, m.first_row, rows),
                             job.pooled.narrow(0, m.first_row, rows));
-      executor.send_schedule(i * passes, schedule);
+      if (takes_schedule) executor.send_schedule(i * passes, schedule);
       ready.push_back(i * passes);
       if (cfg) {
         executor.send_prompts(i * passes + 1, job.negative_prompt_embeds.narrow(0, m.first_row, rows),
                               job.negative_pooled.narrow(0, m.first_row, rows));
-        executor.send_schedule(i * passes + 1, schedule);
+        if (takes_schedule) executor.send_schedule(i * passes + 1, schedule);
         ready.push_back(i * passes + 1);
       }
       ++active;

@@ -30,9 +30,10 @@ class StageExecutor {
   virtual ~StageExecutor() = default;
   // Before a microbatch's first step: its prompt embeddings, for whoever runs the first stage.
   virtual void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) = 0;
-  // After send_prompts: the microbatch's timestep and guidance inputs of every step, for a first stage that computes
-  // its blocks' modulation rows for all of them at once (FluxStage::set_schedule). Executors whose first stage
-  // cannot take it ignore it; the steps' results are the same bits either way.
+  // Whether the first stage computes its blocks' modulation rows for all steps at once (FluxStage::takes_schedule);
+  // only then does the loop make each microbatch's schedule and send it, after send_prompts. The steps' results
+  // are the same bits either way.
+  virtual bool takes_schedule() const { return false; }
   virtual void send_schedule(int64_t /*microbatch*/, const StepSchedule& /*schedule*/) {}
   // inputs: packed latents (b, N_img, C), timestep (b,) in [0, 1], guidance (b,) or undefined.
   virtual void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) = 0;
@@ -49,6 +50,7 @@ class LocalExecutor : public StageExecutor {
  public:
   explicit LocalExecutor(std::shared_ptr<FluxStage> stage) : stage_(std::move(stage)) {}
   void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) override;
+  bool takes_schedule() const override { return stage_->takes_schedule(); }
   void send_schedule(int64_t microbatch, const StepSchedule& schedule) override;
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override;
   StepResult wait_result() override;

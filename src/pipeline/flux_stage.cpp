@@ -112,13 +112,15 @@ void FluxStage::set_prompts(int64_t microbatch, const at::Tensor& prompt_embeds,
                             at::Tensor(), {}};
 }
 
+bool FluxStage::takes_schedule() const {
+  return is_first() && !model_.has_unfused_adapters() && models::flux::modulation_table_enabled(model_.device());
+}
+
 bool FluxStage::set_schedule(int64_t microbatch, const StepSchedule& schedule) {
   DP_CHECK(is_first(), "microbatch ", microbatch, ": a schedule sent to a stage that does not start at block 0");
   const auto found = prompts_.find(microbatch);
   DP_CHECK(found != prompts_.end(), "microbatch ", microbatch, ": a schedule before its prompts");
-  if (schedule.timesteps.empty() || model_.has_unfused_adapters() ||
-      !models::flux::modulation_table_enabled(model_.device()))
-    return false;
+  if (schedule.timesteps.empty() || !takes_schedule()) return false;
   const int64_t rows = found->second.pooled.size(0);
   // What the table would take: 12 dim a row for a double block (norm1 and norm1_context), 3 dim for a single
   // block, for each step and row in the run dtype; offloaded blocks compute theirs a step at a time.

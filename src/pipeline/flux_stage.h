@@ -71,6 +71,8 @@ class FluxStage {
   // microbatches', the blocks' modulation rows of every step are computed now, in one pass over their weights, and
   // run(..., step) takes its step's rows from them. Returns whether it made them.
   bool set_schedule(int64_t microbatch, const StepSchedule& schedule);
+  // Whether set_schedule can make a table here: a first piece, no unfused LoRA adapters, the table enabled.
+  bool takes_schedule() const;
   void forget(int64_t microbatch);
 
   // Runs one double and one single block of this piece (those it holds on the device) on zeros of a

@@ -123,7 +123,7 @@ void RingExecutor::send_prompts(int64_t microbatch, const at::Tensor& prompt_emb
 }
 
 void RingExecutor::send_schedule(int64_t microbatch, const pipeline::StepSchedule& schedule) {
-  if (local_ != nullptr && local_->is_first()) local_->set_schedule(microbatch, schedule);
+  if (takes_schedule()) local_->set_schedule(microbatch, schedule);
 }
 
 void RingExecutor::submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) {

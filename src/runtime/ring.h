@@ -54,8 +54,9 @@ class RingExecutor : public pipeline::StageExecutor {
   RingExecutor(const MeshLayout& layout, Transport* transport, std::shared_ptr<pipeline::FluxStage> local_stage,
                const at::Device& device, double timeout_seconds, GroupExchange* exchange = nullptr);
   void send_prompts(int64_t microbatch, const at::Tensor& prompt_embeds, const at::Tensor& pooled) override;
-  // To rank 0's own first stage only: other ranks (a sequence group's other members, later stages) compute their
+  // Rank 0's own first stage only: other ranks (a sequence group's other members, later stages) compute their
   // modulation rows a step at a time, the same bits.
+  bool takes_schedule() const override { return local_ != nullptr && local_->takes_schedule(); }
   void send_schedule(int64_t microbatch, const pipeline::StepSchedule& schedule) override;
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override;
   pipeline::StepResult wait_result() override;

@@ -154,6 +154,7 @@ class PromptRing : public StageExecutor {
   void send_prompts(int64_t microbatch, const at::Tensor& embeds, const at::Tensor&) override {
     offsets_[microbatch] = embeds.mean().item<double>();
   }
+  bool takes_schedule() const override { return true; }
   void send_schedule(int64_t microbatch, const StepSchedule& schedule) override { schedules[microbatch] = schedule; }
   void submit(int64_t microbatch, int step, std::vector<at::Tensor> inputs) override {
     queue_.push_back({microbatch, step, inputs[0] * 0.5 + offsets_.at(microbatch)});

@@ -276,8 +276,10 @@ TEST(FluxStageSchedule, StepsTakeTheirRowsFromTheTableWithinItsBudget) {
   for (const double t : {1.0, 0.5, 0.25}) schedule.timesteps.push_back(at::full({rows}, t));
   if (config.guidance_embeds) schedule.guidance = at::full({rows}, 3.5);
   models::flux::set_modulation_table_override(false);
+  EXPECT_FALSE(stage.takes_schedule());
   EXPECT_FALSE(stage.set_schedule(0, schedule)) << "a table while it is off";
   models::flux::set_modulation_table_override(true);
+  EXPECT_TRUE(stage.takes_schedule());
   ASSERT_TRUE(stage.set_schedule(0, schedule));
   const at::Tensor latents = at::randn({rows, grid.tokens(), config.in_channels});
   const auto inputs = [&](int step) {
