@@ -155,7 +155,7 @@ bool FluxStage::set_schedule(int64_t microbatch, const StepSchedule& schedule) {
 
 void FluxStage::forget(int64_t microbatch) { prompts_.erase(microbatch); }
 
-double FluxStage::warm_up(int64_t batch) const {
+double FluxStage::warm_up(int64_t batch, int steps) const {
   if (model_.has_unfused_adapters()) return 0;
   c10::InferenceMode guard;
   const auto started = std::chrono::steady_clock::now();
@@ -182,6 +182,12 @@ double FluxStage::warm_up(int64_t batch) const {
     (void)model_.embed_image(at::zeros({batch, image_count(), config.in_channels}, options));
     const at::Tensor guidance = config.guidance_embeds ? at::zeros({batch}, options.dtype(at::kFloat)) : at::Tensor();
     (void)model_.embed_time(at::zeros({batch}, options), guidance, at::zeros({batch, config.pooled_projection_dim}, options));
+    // Left to step 1, the table's first use (its kernel's shape for steps x batch rows loads lazily) made step 1
+    // 1.13-1.19x a later step on an H100 (bench/RESULTS.md, session 23).
+    if (takes_schedule() && steps > 0) {
+      const std::vector<at::Tensor> tembs(static_cast<size_t>(steps), at::zeros({batch, dim}, options));
+      (void)model_.modulation_table(tembs);
+    }
   }
   if (is_last()) {
     models::FluxActivations state{at::zeros({batch, image_count(), dim}, options),

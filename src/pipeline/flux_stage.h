@@ -78,10 +78,11 @@ class FluxStage {
   // Runs one double and one single block of this piece (those it holds on the device) on zeros of a
   // `batch`-row microbatch at the run's token counts, so that the loop's first step finds cuBLAS/cuBLASLt handles
   // and heuristics, the attention kernels and CUDA's lazily loaded modules ready; the first stage also runs its
-  // embedders and the last its head. Changes no state: the results
+  // embedders and the last its head, and, when it takes a schedule, a modulation table of `steps` steps (the
+  // table's kernel and shapes are the first step's too). Changes no state: the results
   // are dropped. Skipped with unfused LoRA adapters (they need a row choice) and never exchanges with a
   // sequence group (each rank warms its own shard's shapes). Returns the seconds it took.
-  double warm_up(int64_t batch) const;
+  double warm_up(int64_t batch, int steps) const;
 
   // One step of one microbatch through this piece (see the payloads above). Inputs may live on any device.
   // `step`: the step's index in the schedule set_schedule was given; -1 (or no schedule): rows from the inputs.

@@ -62,7 +62,7 @@ void warm_up(const RunContext& run, const std::vector<const pipeline::FluxStage*
   double seconds = 0;
   for (const pipeline::FluxStage* stage : stages) {
     seconds += pipeline::run_phase(
-        run.world.rank(), "warming up the blocks", [&] { return stage->warm_up(rows); }, track);
+        run.world.rank(), "warming up the blocks", [&] { return stage->warm_up(rows, run.request.steps); }, track);
   }
   DP_INFO("rank ", run.world.rank(), ": warmed up one block of each kind at ", rows, " row(s) in ", std::fixed,
           std::setprecision(3), seconds, " s", note);

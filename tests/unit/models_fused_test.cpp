@@ -13,6 +13,11 @@
 
 #include "core/error.h"
 #include "models/flux/flux_fused.h"
+#ifdef DIFFPIPE_HAVE_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/flux/cuda/modulation_rows.h"
+#endif
 #include "models/flux/flux_layers.h"
 #include "test_support.h"
 
@@ -349,13 +354,14 @@ TEST_P(FusedCuda, LinearGeluMatchesAten) {
 
 // The modulation rows' kernel against ATen's linear (cuBLAS), and what it exists for: a row comes out bit for bit
 // the same whether it is computed alone, with a few others or with a whole schedule's rows, and whether the weight
-// sits on 16 bytes (resident) or not (a streamed copy). Shapes: FLUX-like, and widths that are no multiple of the
-// 16-byte chunk (the element-by-element loads).
+// sits on 16 bytes (resident) or not (a streamed copy). Shapes: FLUX-like; wider than what a block stages of x at
+// once (several tiles of chunks, the last one partial), with a feature count no warp's share divides; and widths
+// that are no multiple of the 16-byte chunk (the element-by-element loads).
 TEST_P(FusedCuda, ModulationRowsMatchAtenAndDoNotDependOnTheRowCount) {
   c10::InferenceMode guard;
   const at::ScalarType dtype = GetParam();
   set_modulation_table_override(true);  // the kernel; both_paths' other side is ATen's linear
-  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{3072, 1536}, {40, 24}, {36, 7}}) {
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{3072, 1536}, {5000, 40}, {40, 24}, {36, 7}}) {
     const at::Tensor act = at::silu(random({28, k}, 60, dtype, at::kCUDA));
     const Linear layer{(random({n, k}, 61, at::kFloat, at::kCUDA) / std::sqrt(static_cast<double>(k))).to(dtype),
                        random({n}, 62, dtype, at::kCUDA), nullptr, {}};
@@ -373,6 +379,19 @@ TEST_P(FusedCuda, ModulationRowsMatchAtenAndDoNotDependOnTheRowCount) {
           << "row " << row << " alone differs from the same row among 28 (k=" << k << ")";
     }
     EXPECT_TRUE(at::equal(modulation_rows(layer, act.narrow(0, 5, 4)), all_rows.narrow(0, 5, 4)));
+#ifdef DIFFPIPE_HAVE_CUDA
+    // Every way of cutting the work (the bench times them against each other) gives the same bits.
+    const auto type = dtype == at::kFloat  ? gpu::ElementType::F32
+                      : dtype == at::kHalf ? gpu::ElementType::F16
+                                           : gpu::ElementType::BF16;
+    for (const auto shape : kernels::modulation_rows_shapes()) {
+      const at::Tensor shaped = at::empty_like(all_rows);
+      kernels::modulation_rows_shaped(shape, type, act.data_ptr(), layer.weight.data_ptr(), layer.bias.data_ptr(),
+                                      act.size(0), n, k, shaped.data_ptr(), c10::cuda::getCurrentCUDAStream());
+      EXPECT_TRUE(at::equal(shaped, all_rows)) << shape.features << " features a warp, " << shape.rows_per_block
+                                               << " rows a block (k=" << k << ", n=" << n << ")";
+    }
+#endif
     // The same weight one element past a 16-byte boundary.
     const at::Tensor storage = at::empty({n * k + 1}, layer.weight.options());
     const at::Tensor shifted = storage.narrow(0, 1, n * k).view({n, k});
