@@ -259,7 +259,7 @@ TEST(GenerateCommand, RoundsSizesDownWithDiffusersWarning) {
 
 // A first stage given its schedule (FluxStage::set_schedule) takes each step's modulation rows from the table it
 // made, the same bits as the rows computed a step at a time; another step's rows change the output; a schedule whose
-// rows pass the budget gets no table; and none is made while the table is off (the default until measured).
+// rows pass the budget gets no table; none is made while the table is off; the warm-up leaves the table alone.
 TEST(FluxStageSchedule, StepsTakeTheirRowsFromTheTableWithinItsBudget) {
   c10::InferenceMode guard;
   const LatentGrid grid{8, 8, 8};
@@ -294,6 +294,11 @@ TEST(FluxStageSchedule, StepsTakeTheirRowsFromTheTableWithinItsBudget) {
   }
   EXPECT_GT(relative(stage.run(0, inputs(0), 2)[0], stage.run(0, inputs(0))[0]), 1e-3)
       << "step 2's rows changed nothing: the table was not read";
+  // The warm-up makes a table of its own, of zeros (so that step 1 finds the table's kernel loaded), and leaves the
+  // microbatch's alone.
+  const at::Tensor before = stage.run(0, inputs(1), 1)[0];
+  EXPECT_GE(stage.warm_up(rows, 3), 0.0);
+  EXPECT_TRUE(at::equal(stage.run(0, inputs(1), 1)[0], before)) << "the warm-up changed the microbatch's table";
   // Rows beyond the budget: 12 widths of a double block, 3 of a single, per row, step and fp32 value.
   const int64_t widths = 12 * config.num_layers + 3 * (config.num_blocks() - config.num_layers);
   const auto step_bytes = static_cast<uint64_t>(widths * config.inner_dim() * rows * 4);
