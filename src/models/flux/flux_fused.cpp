@@ -27,8 +27,8 @@ std::atomic<int>& fused_setting() {
   return setting;
 }
 
-// Off: on an H100 the kernel took 1.36x cuBLAS's time for a step's rows and 13x for a schedule's, so the table saved
-// rank 0 only 1.28 ms a step and cost the other ranks 0.9 ms (bench/RESULTS.md, session 22).
+// Off: on an H100 the table took 1.5 ms off the steady step and the kernel now matches cuBLAS for a step's row, but
+// building the table made step 1 1.13-1.19x a later step, against the 1.1x (bench/RESULTS.md, session 23).
 constexpr bool kModulationTableByDefault = false;
 
 // DIFFPIPE_MODULATION_TABLE: 1 on, 0 off, -1 (unset or anything else) the default.
