@@ -182,8 +182,10 @@ double FluxStage::warm_up(int64_t batch, int steps) const {
     (void)model_.embed_image(at::zeros({batch, image_count(), config.in_channels}, options));
     const at::Tensor guidance = config.guidance_embeds ? at::zeros({batch}, options.dtype(at::kFloat)) : at::Tensor();
     (void)model_.embed_time(at::zeros({batch}, options), guidance, at::zeros({batch, config.pooled_projection_dim}, options));
-    // Left to step 1, the table's first use (its kernel's shape for steps x batch rows loads lazily) made step 1
-    // 1.13-1.19x a later step on an H100 (bench/RESULTS.md, session 23).
+    // The table's kernel for steps x batch rows (loaded lazily) and its shapes, ready for step 1. On an H100 step 1
+    // was 1.13-1.19x a later step with the table on and no such warm-up, 1.21-1.22x with it and the table's kernel
+    // cut differently: the table's 13 ms explain half of it, the rest is not traced yet (bench/RESULTS.md,
+    // session 23).
     if (takes_schedule() && steps > 0) {
       const std::vector<at::Tensor> tembs(static_cast<size_t>(steps), at::zeros({batch, dim}, options));
       (void)model_.modulation_table(tembs);

@@ -27,8 +27,9 @@ std::atomic<int>& fused_setting() {
   return setting;
 }
 
-// Off: on an H100 the table took 1.5 ms off the steady step and the kernel now matches cuBLAS for a step's row, but
-// building the table made step 1 1.13-1.19x a later step, against the 1.1x (bench/RESULTS.md, session 23).
+// Off: on an H100 the table took 1.1-1.6 ms off the steady step and the kernel matches cuBLAS for a step's row, but
+// step 1, which builds the table, was 1.13-1.22x a later step, against the 1.1x (bench/RESULTS.md,
+// session 23).
 constexpr bool kModulationTableByDefault = false;
 
 // DIFFPIPE_MODULATION_TABLE: 1 on, 0 off, -1 (unset or anything else) the default.

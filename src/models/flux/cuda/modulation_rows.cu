@@ -147,13 +147,10 @@ void launch_packed(const void* x, const void* weight, const void* bias, int64_t 
 std::vector<ModulationRowsShape> modulation_rows_shapes() { return {{4, 1}, {4, 2}, {4, 4}, {4, 8}, {2, 16}, {2, 32}}; }
 
 ModulationRowsShape modulation_rows_shape(int64_t rows) {
-  // A step's row is bound by reading the weight: several features a warp keep loads in flight. A schedule's rows
-  // are bound by arithmetic and by shared memory: more rows a block read each weight chunk fewer times.
-  if (rows <= 1) return {4, 1};
-  if (rows <= 2) return {4, 2};
-  if (rows <= 4) return {4, 4};
-  if (rows <= 8) return {4, 8};
-  return {2, 32};
+  // Measured on an H100 with every shape (bench/RESULTS.md, session 23): a step's row or two are bound by reading
+  // the weight, best cut one row a block (the blocks that share features finding the weights in L2); more rows
+  // are bound by arithmetic and shared memory, best cut 4 rows a block.
+  return rows <= 2 ? ModulationRowsShape{4, 1} : ModulationRowsShape{4, 4};
 }
 
 void modulation_rows(gpu::ElementType type, const void* x, const void* weight, const void* bias, int64_t rows,
