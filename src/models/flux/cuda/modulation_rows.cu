@@ -3,7 +3,8 @@
 // rows; this kernel fixes the order by in_features alone (see modulation_rows.h for why).
 #include "models/flux/cuda/modulation_rows.h"
 
-#include <type_traits>
+#include <iterator>
+#include <utility>
 
 #include "models/cuda/element_math.cuh"
 
@@ -142,9 +143,25 @@ void launch_packed(const void* x, const void* weight, const void* bias, int64_t 
       in_features, tile_chunks, static_cast<T*>(out));
 }
 
+// The cuts there are kernels for (features a warp, rows a block): the one list that modulation_rows_shapes()
+// reports and modulation_rows_shaped dispatches on.
+constexpr ModulationRowsShape kCuts[] = {{4, 1}, {4, 2}, {4, 4}, {4, 8}, {2, 16}, {2, 32}};
+
+// Launches the packed kernel of `shape` for T; false when no kernel has that cut.
+template <typename T, size_t... kIndex>
+bool launch_cut(ModulationRowsShape shape, std::index_sequence<kIndex...>, const void* x, const void* weight,
+                const void* bias, int64_t rows, int64_t out_features, int64_t in_features, void* out,
+                cudaStream_t stream) {
+  return ((shape.features == kCuts[kIndex].features && shape.rows_per_block == kCuts[kIndex].rows_per_block &&
+           (launch_packed<T, kCuts[kIndex].features, kCuts[kIndex].rows_per_block>(x, weight, bias, rows, out_features,
+                                                                                  in_features, out, stream),
+            true)) ||
+          ...);
+}
+
 }  // namespace
 
-std::vector<ModulationRowsShape> modulation_rows_shapes() { return {{4, 1}, {4, 2}, {4, 4}, {4, 8}, {2, 16}, {2, 32}}; }
+std::vector<ModulationRowsShape> modulation_rows_shapes() { return {std::begin(kCuts), std::end(kCuts)}; }
 
 ModulationRowsShape modulation_rows_shape(int64_t rows) {
   // Measured on an H100 with every shape (bench/RESULTS.md, session 23): a step's row or two are bound by reading
@@ -173,19 +190,10 @@ void modulation_rows_shaped(ModulationRowsShape shape, gpu::ElementType type, co
           in_features, static_cast<T*>(out));
       return;
     }
-    const auto launch = [&](auto features, auto rows_per_block) {
-      launch_packed<T, decltype(features)::value, decltype(rows_per_block)::value>(x, weight, bias, rows,
-                                                                                    out_features, in_features, out,
-                                                                                    stream);
-    };
-    using std::integral_constant;
-    const int f = shape.features, r = shape.rows_per_block;
-    if (f == 4 && r == 1) launch(integral_constant<int, 4>{}, integral_constant<int, 1>{});
-    else if (f == 4 && r == 2) launch(integral_constant<int, 4>{}, integral_constant<int, 2>{});
-    else if (f == 4 && r == 4) launch(integral_constant<int, 4>{}, integral_constant<int, 4>{});
-    else if (f == 4 && r == 8) launch(integral_constant<int, 4>{}, integral_constant<int, 8>{});
-    else if (f == 2 && r == 16) launch(integral_constant<int, 2>{}, integral_constant<int, 16>{});
-    else launch(integral_constant<int, 2>{}, integral_constant<int, 32>{});
+    // An unknown cut takes the one modulation_rows would (the sums are the same bits either way).
+    constexpr auto all = std::make_index_sequence<std::size(kCuts)>();
+    if (!launch_cut<T>(shape, all, x, weight, bias, rows, out_features, in_features, out, stream))
+      launch_cut<T>(modulation_rows_shape(rows), all, x, weight, bias, rows, out_features, in_features, out, stream);
   });
 }
 
